@@ -172,6 +172,35 @@ def test_tree_attention_matches_reference_on_random_trees(
     run_and_check(batch, parents_list, dtype)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_attention_matches_reference_on_random_configs(seed: int) -> None:
+    """Everything drawn at random: dtype, head size, GQA group, block size, batch."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+
+    def pick(options: list):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    dtype = pick([torch.float32, torch.float16, torch.bfloat16])
+    head_size, block_size = pick([64, 128]), pick([16, 32, 64])
+    num_kv_heads, group = pick([1, 2]), pick([1, 2, 3, 4])
+    num_reqs = int(torch.randint(1, 6, (1,), generator=gen))
+    q_lens = torch.randint(1, 48, (num_reqs,), generator=gen).tolist()
+    ctx_lens = torch.randint(0, 160, (num_reqs,), generator=gen).tolist()
+    parents_list = [random_parents(q, gen) for q in q_lens]
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads * group,
+        num_kv_heads,
+        head_size,
+        block_size,
+        dtype,
+        gen,
+        split_kv_view=bool(seed % 2),
+    )
+    run_and_check(batch, parents_list, dtype)
+
+
 def test_trees_wider_than_one_mask_word_on_strided_vllm_cache_view() -> None:
     gen = torch.Generator().manual_seed(7)
     q_lens, ctx_lens = [40, 3], [21, 50]
