@@ -1,0 +1,79 @@
+"""PTD configuration: one frozen dataclass, validated once from user input.
+
+`PTD_CONFIG_KEYS` is the single description of every key (type, allowed range, meaning); it drives
+`PTDConfig.from_dict` validation and the README table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+# key -> (type, min, max, doc). `max` None means unbounded.
+PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
+    "width": (int, 1, 64, "w: most children of a draft-tree node (paper default 4)"),
+    "depth": (int, 1, 64, "d: most levels of a draft subtree before stepping (paper default 6)"),
+    "num_roots": (int, 1, 64, "R: subtree roots kept in the draft tree (paper default 4)"),
+    "pool_cap": (int, 1, 100_000, "soft cap on nodes per draft-pool trie (paper default 60)"),
+    "max_nodes": (
+        int,
+        0,
+        4096,
+        "per-request per-step node budget for C+T, the committed token x not counted",
+    ),
+    "max_candidate_nodes": (
+        int,
+        0,
+        4096,
+        (
+            "C's share of max_nodes: C takes up to this many nodes first, T the rest; budget "
+            "left unused by T goes back to C"
+        ),
+    ),
+    "seed": (int, 0, 2**63 - 1, "seed of the draft-tree seeding RNG (mixed with the prompt)"),
+}
+
+
+@dataclass(frozen=True)
+class PTDConfig:
+    """Progressive Tree Drafting parameters (defaults: the paper's w=4, d=6, R=4, cap 60)."""
+
+    width: int = 4
+    depth: int = 6
+    num_roots: int = 4
+    pool_cap: int = 60
+    max_nodes: int = 64
+    max_candidate_nodes: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PTDConfig:
+        """Build from a user mapping; any unknown key, wrong type or out-of-range value raises
+        ValueError naming the key and what is allowed (nothing is ignored silently)."""
+        if not isinstance(d, Mapping):
+            # ValueError, not TypeError: the contract is one exception type for all bad input
+            raise ValueError(f"PTD config must be a mapping, got {type(d).__name__}")  # noqa: TRY004
+        for key in d:
+            if key not in PTD_CONFIG_KEYS:
+                raise ValueError(
+                    f"unknown PTD config key {key!r}; allowed keys: {sorted(PTD_CONFIG_KEYS)}"
+                )
+        for key, value in d.items():
+            _check(key, value)
+        return cls(**dict(d))
+
+
+def _check(key: str, value: Any) -> None:
+    typ, lo, hi, _ = PTD_CONFIG_KEYS[key]
+    # bool is an int subclass; `width: true` is a user error, not 1.
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ValueError(  # noqa: TRY004 (one exception type for all bad config input)
+            f"PTD config key {key!r} must be of type {typ.__name__}, got {type(value).__name__}"
+        )
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"PTD config key {key!r} must be in [{lo}, {hi}], got {value}")

@@ -1,0 +1,128 @@
+"""Per-request PTD state: draft tree T, draft pool P, counters. Engine independent.
+
+The engine calls, each step, `propose(x)` -> layout, runs the target over the layout, verifies
+(core.verify), then `observe(layout, argmax, result)`. All per-step work here is O(nodes); no
+vocabulary-sized array is ever touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+from vllm_ptd.config import PTDConfig
+from vllm_ptd.core.layout import TreeLayout, flatten_draft_tree, make_layout, split_budget
+from vllm_ptd.core.metrics import PTDStats
+from vllm_ptd.core.pool import DraftPool
+from vllm_ptd.core.tree import DraftTree, Node
+from vllm_ptd.core.verify import VerifyResult
+
+
+def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
+    """A seed that depends only on `seed` and the prompt (stable across processes, unlike
+    Python's salted hash), so every worker builds the same drafts."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(int(seed).to_bytes(8, "little", signed=False))
+    h.update(np.asarray(prompt_token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+class PTDRequestState:
+    """Drafting state of one request.
+
+    Args:
+        config: PTD parameters.
+        prompt_token_ids: the prompt; seeds T.
+        stop_token_ids: the tokenizer's EOS and the request's stop ids; never drafted in T.
+        seed: optional per-request seed mixed in after `config.seed` (e.g. the request's
+            sampling seed); None uses `config.seed` alone.
+    """
+
+    def __init__(
+        self,
+        config: PTDConfig,
+        prompt_token_ids: Sequence[int],
+        stop_token_ids: frozenset[int],
+        seed: int | None = None,
+    ):
+        self.config = config
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.tree = DraftTree(config.width, config.depth, config.num_roots, self.stop_token_ids)
+        self.pool = DraftPool(config.pool_cap)
+        base = prompt_seed(config.seed, prompt_token_ids)
+        if seed is not None:
+            base = prompt_seed(base % 2**63, [seed])
+        self.tree.seed_from_prompt(prompt_token_ids, random.Random(base))
+        self.stats = PTDStats()
+        # What the last propose() returned, to map rows back to T nodes in observe().
+        self._t_nodes: list[Node] = []
+        self._proposed_len = 0
+        self._proposed_nc = 0
+
+    def propose(self, x: int, budget: int | None = None) -> TreeLayout:
+        """Layout [x; C; T] with C = P[x] and T the draft tree, trimmed to `budget` rows besides
+        x (default config.max_nodes) by the policy in `layout.split_budget`. Rows of C and T are
+        DFS prefixes of their trees, so the result is a valid tree for any budget."""
+        cfg = self.config
+        budget = cfg.max_nodes if budget is None else budget
+        nc, nt = split_budget(
+            self.pool.size(x), self.tree.num_nodes(), budget, cfg.max_candidate_nodes
+        )
+        c_rows = self.pool.flatten(x, nc)
+        tt, tp, td, nodes = flatten_draft_tree(self.tree.roots, offset=nc + 1, limit=nt)
+        layout = make_layout(x, c_rows, (tt, tp, td))
+        self._t_nodes = nodes
+        self._proposed_len = len(layout)
+        self._proposed_nc = layout.num_candidates
+        return layout
+
+    def observe(self, layout: TreeLayout, argmax: np.ndarray, result: VerifyResult) -> None:
+        """Learn from one pass over `layout` (the last proposal or a prefix of it).
+
+        argmax: int64 [len(layout)], the target argmax at each row. Sets T nodes' draft tokens,
+        writes T snapshots (bonus-token nodes first) and C's verification feedback into the
+        pool, then grows T. T nodes cut off by a truncated layout get no new prediction.
+        """
+        n = len(layout)
+        if n > self._proposed_len or layout.num_candidates != min(self._proposed_nc, n - 1):
+            raise ValueError("observe() needs the layout of the last propose() or a prefix of it")
+        am = np.asarray(argmax).tolist()
+        if len(am) < n:
+            raise ValueError(f"argmax has {len(am)} rows, layout has {n}")
+        nc = self._proposed_nc
+        for i, node in enumerate(self._t_nodes[: max(0, n - 1 - nc)]):
+            node.draft = am[nc + 1 + i]
+        bonus = result.bonus
+
+        # T snapshots. Bonus-token nodes first: with an asynchronous pool they make the next
+        # step's C fresh; synchronously the order is immaterial (they go to the same trie).
+        t_nodes = self.tree.nodes()
+        for node in t_nodes:
+            if node.token == bonus:
+                self.pool.insert(node)
+        for node in t_nodes:
+            if node.token != bonus:
+                self.pool.insert(node)
+
+        # Verification feedback: x and every C row get the target's argmax as a child; each
+        # enriched node is merged under its own token.
+        if layout.num_candidates > 0:
+            toks = layout.tokens[: layout.num_candidates + 1].tolist()
+            pars = layout.parents[: layout.num_candidates + 1].tolist()
+            c_nodes = [Node(t, draft=a) for t, a in zip(toks, am)]
+            for i in range(1, len(c_nodes)):
+                c_nodes[pars[i]].children.append(c_nodes[i])
+            for node in c_nodes:
+                self.pool.insert(node)
+        else:
+            self.pool.insert(Node(int(layout.tokens[0]), draft=am[0]))
+
+        self.tree.grow(bonus)
+        self.stats.record(
+            layout.num_candidates, layout.num_draft, len(result.accepted), len(result.tokens)
+        )
+        self._t_nodes = []
+        self._proposed_len = 0
