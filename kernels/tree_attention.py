@@ -310,7 +310,7 @@ def tree_attention(
     block_m, block_q, tile_n = _tile_sizes(num_qpk, max_query_len, head_pad)
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     # fp32 inputs: IEEE dots, so fp32 means fp32 (Triton's default would be tf32).
-    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    precision = "ieee" if query.dtype == torch.float32 else None
     _tree_attention_kernel[grid](
         query,
         key_cache,
