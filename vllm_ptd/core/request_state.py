@@ -94,18 +94,35 @@ class PTDRequestState:
             raise ValueError(f"argmax has {len(am)} rows, layout has {n}")
         nc = self._proposed_nc
         for i, node in enumerate(self._t_nodes[: max(0, n - 1 - nc)]):
-            node.draft = am[nc + 1 + i]
+            d = am[nc + 1 + i]
+            if node.draft != d:
+                node.draft = d
+                node.dirty = True
         bonus = result.bonus
 
-        # T snapshots. Bonus-token nodes first: with an asynchronous pool they make the next
-        # step's C fresh; synchronously the order is immaterial (they go to the same trie).
+        # T snapshots, only of subtrees whose content changed since the pool last saw them
+        # (re-merging an unchanged subtree adds nothing). Reverse DFS order visits children
+        # before parents, so one pass marks every node with a changed descendant.
         t_nodes = self.tree.nodes()
-        for node in t_nodes:
+        changed = []
+        for node in reversed(t_nodes):
+            if not node.dirty:
+                for c in node.children:
+                    if c.dirty:
+                        node.dirty = True
+                        break
+            if node.dirty:
+                changed.append(node)
+        # Bonus-token nodes first: with an asynchronous pool they make the next step's C
+        # fresh; synchronously the order is immaterial (they all go to the same trie).
+        for node in changed:
             if node.token == bonus:
                 self.pool.insert(node)
-        for node in t_nodes:
+        for node in changed:
             if node.token != bonus:
                 self.pool.insert(node)
+        for node in changed:
+            node.dirty = False
 
         # Verification feedback: x and every C row get the target's argmax as a child; each
         # enriched node is merged under its own token.

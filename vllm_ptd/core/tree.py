@@ -14,14 +14,17 @@ NO_DRAFT = -1
 
 
 class Node:
-    """A draft-tree node. `children` is ordered oldest first."""
+    """A draft-tree node. `children` is ordered oldest first. `dirty`: the node's own content
+    (draft or child list) changed since the pool last saw it; lets the pool skip unchanged
+    snapshots instead of re-merging every subtree every step."""
 
-    __slots__ = ("children", "draft", "token")
+    __slots__ = ("children", "dirty", "draft", "token")
 
     def __init__(self, token: int, children: list[Node] | None = None, draft: int = NO_DRAFT):
         self.token = token
         self.children: list[Node] = children if children is not None else []
         self.draft = draft
+        self.dirty = True
 
     def child_with(self, token: int) -> Node | None:
         for c in self.children:
@@ -36,7 +39,14 @@ class Node:
 
 def height(node: Node) -> int:
     """Levels on the longest path from `node` down to a leaf (a lone node has height 1)."""
-    return 1 + max((height(c) for c in node.children), default=0)
+    best = 0
+    stack = [(node, 1)]
+    while stack:
+        n, h = stack.pop()
+        best = max(best, h)
+        for c in n.children:
+            stack.append((c, h + 1))
+    return best
 
 
 def iter_dfs(node: Node) -> Iterator[Node]:
@@ -60,7 +70,17 @@ class DraftTree:
         self.depth = depth
         self.num_roots = num_roots
         self.stop_token_ids = stop_token_ids
-        self.roots: list[Node] = []
+        self._roots: list[Node] = []
+        self._nodes: list[Node] | None = None  # DFS cache; None after any structural change
+
+    @property
+    def roots(self) -> list[Node]:
+        return self._roots
+
+    @roots.setter
+    def roots(self, value: list[Node]) -> None:
+        self._roots = value
+        self._nodes = None
 
     # ---- seeding -------------------------------------------------------------------------
     def seed_from_prompt(self, prompt: Sequence[int], rng: random.Random, n_roots: int = 2) -> None:
@@ -74,6 +94,7 @@ class DraftTree:
             if rng.randint(1, 2) == 2:
                 root.children.append(Node(rng.choice(pool)))
             self.roots.append(root)
+        self._nodes = None
 
     # ---- growth --------------------------------------------------------------------------
     def grow(self, bonus: int) -> None:
@@ -83,17 +104,21 @@ class DraftTree:
         self.step_depth()
         self.limit_width()
         self.prune_stop_tokens()
+        self.nodes()  # rebuild the DFS cache once for propose() and the next observe()
 
     def expand(self) -> None:
         """Every existing node gets a child with its draft token, unless that child exists or the
-        node already has `width` children."""
-        for root in self.roots:
-            for node in list(iter_dfs(root)):
-                d = node.draft
-                if d == NO_DRAFT or len(node.children) >= self.width:
-                    continue
-                if node.child_with(d) is None:
-                    node.children.append(Node(d))
+        node already has `width` children. A stop-token draft adds nothing: stop pruning would
+        remove that child at once."""
+        stops = self.stop_token_ids
+        for node in self.nodes():  # the list predates this step's new children
+            d = node.draft
+            if d == NO_DRAFT or len(node.children) >= self.width or d in stops:
+                continue
+            if node.child_with(d) is None:
+                node.children.append(Node(d))
+                node.dirty = True
+        self._nodes = None
 
     def upkeep_roots(self, bonus: int) -> None:
         """Keep R roots: drop the oldest while over R; when under R add one root, the newest
@@ -101,19 +126,24 @@ class DraftTree:
         committed bonus token when there is no root at all."""
         while len(self.roots) > self.num_roots:
             self.roots.pop(0)
+            self._nodes = None
         if len(self.roots) >= self.num_roots:
             return
         if not self.roots:
             if bonus not in self.stop_token_ids:
                 self.roots.append(Node(bonus))
+                self._nodes = None
             return
         newest = self.roots[-1]
         tok = newest.draft
         if tok == NO_DRAFT or tok in self.stop_token_ids:
             return
         # The newest root's draft continues the root spine; as a child it would duplicate it.
-        newest.children = [c for c in newest.children if c.token != tok]
+        if newest.child_with(tok) is not None:
+            newest.children = [c for c in newest.children if c.token != tok]
+            newest.dirty = True
         self.roots.append(Node(tok))
+        self._nodes = None
 
     def step_depth(self) -> None:
         """A subtree taller than `depth` is replaced by its root's earliest child whose token is
@@ -131,14 +161,16 @@ class DraftTree:
                 if repl is not None:
                     self.roots.append(repl)
                 changed = True
+                self._nodes = None
                 break
 
     def limit_width(self) -> None:
         """Any node with more than `width` children drops its newest ones."""
-        for root in self.roots:
-            for node in iter_dfs(root):
-                if len(node.children) > self.width:
-                    del node.children[self.width :]
+        for node in self.nodes():
+            if len(node.children) > self.width:
+                del node.children[self.width :]
+                node.dirty = True
+                self._nodes = None
 
     def prune_stop_tokens(self) -> None:
         """Remove every subtree rooted at a stop token (the tokenizer's EOS / stop ids): nothing
@@ -146,16 +178,26 @@ class DraftTree:
         stops = self.stop_token_ids
         if not stops:
             return
-        self.roots = [r for r in self.roots if r.token not in stops]
-        for root in self.roots:
-            for node in iter_dfs(root):
-                if any(c.token in stops for c in node.children):
-                    node.children = [c for c in node.children if c.token not in stops]
+        if any(r.token in stops for r in self.roots):
+            self.roots = [r for r in self.roots if r.token not in stops]
+            self._nodes = None
+        for node in self.nodes():
+            if any(c.token in stops for c in node.children):
+                node.children = [c for c in node.children if c.token not in stops]
+                node.dirty = True
+                self._nodes = None
 
     # ---- views ---------------------------------------------------------------------------
     def num_nodes(self) -> int:
-        return sum(1 for r in self.roots for _ in iter_dfs(r))
+        return len(self.nodes())
 
     def nodes(self) -> list[Node]:
-        """All nodes in layout order: r_0 and its descendants (DFS), then r_1, ..."""
-        return [n for r in self.roots for n in iter_dfs(r)]
+        """All nodes in layout order: r_0 and its descendants (DFS), then r_1, ...
+
+        Cached; code that edits `roots` or child lists directly must call `invalidate()`."""
+        if self._nodes is None:
+            self._nodes = [n for r in self.roots for n in iter_dfs(r)]
+        return self._nodes
+
+    def invalidate(self) -> None:
+        self._nodes = None
