@@ -18,14 +18,6 @@ if DEVICE == "cpu":
     # Before the first Triton import (tests/conftest.py does the same for whole runs).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-try:
-    from vllm_ptd import kernels
-except ImportError:  # checkout without install: alias kernels/ as vllm_ptd.kernels
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import kernels  # type: ignore[no-redef]
-
-    sys.modules["vllm_ptd.kernels"] = kernels
-
 pytest.importorskip("vllm")
 from vllm.v1.attention.backends.triton_attn import (
     TritonAttentionImpl,
@@ -36,10 +28,27 @@ from vllm_ptd.attention.tree_metadata import (
     TreeAttentionMetadata,
     tree_attention_step,
 )
-from vllm_ptd.attention.triton_tree_backend import (
-    TritonTreeAttentionBackend,
-    TritonTreeAttentionImpl,
-)
+
+try:
+    from vllm_ptd import kernels
+    from vllm_ptd.attention.triton_tree_backend import (
+        TritonTreeAttentionBackend,
+        TritonTreeAttentionImpl,
+    )
+except ImportError:
+    # Checkout without install: kernels/ ships as vllm_ptd.kernels only once installed.
+    # Alias it just while the backend module imports, so no other test sees the alias.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import kernels  # type: ignore[no-redef]
+
+    sys.modules["vllm_ptd.kernels"] = kernels
+    try:
+        from vllm_ptd.attention.triton_tree_backend import (
+            TritonTreeAttentionBackend,
+            TritonTreeAttentionImpl,
+        )
+    finally:
+        del sys.modules["vllm_ptd.kernels"]
 
 NUM_HEADS, NUM_KV_HEADS, HEAD, BLOCK = 4, 2, 64, 16
 
