@@ -61,8 +61,13 @@ def test_kernels_ship_as_vllm_ptd_kernels():
 def test_model_path_converts_from_clean_cache_and_survives_a_concurrent_second(tmp_path):
     env = {**os.environ, "VLLM_PTD_CACHE_DIR": str(tmp_path)}
     procs = [
-        subprocess.Popen([VLLM_PTD, "model-path"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [VLLM_PTD, "model-path"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     results = [p.communicate(timeout=600) for p in procs]
@@ -71,13 +76,16 @@ def test_model_path_converts_from_clean_cache_and_survives_a_concurrent_second(t
     assert len(paths) == 1
     folder = Path(paths.pop())
     assert folder.parent == tmp_path
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in folder.iterdir()
+    }
     # No temporary folders left behind by the losing process.
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]
     # Idempotent: a second call returns at once, without converting again.
     mtime = (folder / "model.safetensors").stat().st_mtime
-    again = subprocess.run([VLLM_PTD, "model-path"], env=env, capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run(
+        [VLLM_PTD, "model-path"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert again.stdout.strip() == str(folder)
     assert (folder / "model.safetensors").stat().st_mtime == mtime
 
@@ -98,3 +106,17 @@ def test_vllm_serve_cli_works_with_the_cpu_wheel():
     out = subprocess.run([vllm, "--version"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith("0.32")
+
+
+def test_cpu_platform_is_still_detected_with_the_compat_hook():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vllm.platforms import current_platform as p; print(p.device_type)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "cpu", out.stderr[-2000:]

