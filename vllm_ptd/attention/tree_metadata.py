@@ -21,6 +21,16 @@ import torch
 
 
 @dataclass
+class TreeBlock:
+    """One request's tree query block: rows [start, start + size) of the batch."""
+
+    req_index: int
+    start: int
+    size: int
+    mask: torch.Tensor  # bool [size, size]: row i sees in-block column j
+
+
+@dataclass
 class TreeAttentionMetadata:
     """Tree masks of one forward pass.
 
@@ -38,6 +48,9 @@ class TreeAttentionMetadata:
     mask_bits: torch.Tensor
     mask_words: int
     is_tree: torch.Tensor | None = None
+    # Dense form for backends that attend per request in PyTorch (the CPU backend): one
+    # TreeBlock per request whose block is a tree, in batch order.
+    blocks: list["TreeBlock"] | None = None
 
     def __post_init__(self) -> None:
         if self.mask_bits.dtype != torch.int32 or self.mask_bits.dim() != 2:

@@ -2,13 +2,16 @@
 
 Each entry names the vLLM attribute, why it is patched, and the factory that wraps it. The
 whole list is applied once per process by `vllm_ptd.plugin.register()`, after the exact
-version check (vllm_ptd.version_check).
+version check (vllm_ptd.version_check). Each wrapper is a no-op for engines that do not run
+PTD (it checks for the PTD proposer first), so plain vLLM behaves exactly as before.
 """
 
 from __future__ import annotations
 
 from vllm_ptd.patching import Patch
-from vllm_ptd.vllm_integration import spec_config
+from vllm_ptd.vllm_integration import runner_patches, spec_config
+
+_RUNNER = "vllm.v1.worker.gpu_model_runner"  # CPUModelRunner subclasses GPUModelRunner
 
 ALL_PATCHES: list[Patch] = [
     Patch(
@@ -18,9 +21,47 @@ ALL_PATCHES: list[Patch] = [
         make=spec_config.make_create_speculative_config,
         why="accept method 'ptd' with PTD's own keys; map it onto vLLM's custom_class path",
     ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_update_states",
+        make=runner_patches.make_update_states,
+        why="free PTD per-request state on finish, abort, preemption and resume",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_prepare_inputs",
+        make=runner_patches.make_prepare_inputs,
+        why="tree positions (after the slot mapping) and per-request tree masks",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_sample",
+        make=runner_patches.make_sample,
+        why="tree verification replaces the linear rejection sampler; KV compaction",
+    ),
 ]
+
+# Attention backends replaced through vLLM's public registry (not monkey-patching): the PTD
+# backends behave exactly like vLLM's when a step carries no tree.
+BACKEND_OVERRIDES = {
+    "CPU_ATTN": "vllm_ptd.vllm_integration.cpu_tree_attention.CPUTreeAttentionBackend",
+}
+
+
+def _register_backends() -> None:
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if not current_platform.is_cpu():
+        return  # the CUDA tree backend is not wired yet (see README status)
+    for name, path in BACKEND_OVERRIDES.items():
+        register_backend(AttentionBackendEnum[name], path)
 
 
 def apply_all() -> None:
     for patch in ALL_PATCHES:
         patch.apply()
+    _register_backends()

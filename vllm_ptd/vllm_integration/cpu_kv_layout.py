@@ -1,0 +1,87 @@
+"""Read and move tokens' K/V in vLLM's CPU paged KV cache, whatever its ISA-specific packing.
+
+vLLM 0.32's CPU cache is one tensor per layer, [num_blocks, num_kv_heads, block_size,
+2 * head_size], whose K half is stored in an ISA-dependent packed order ("vec", "vec16",
+"amx", ...) written by the compiled `cpu_attn_reshape_and_cache`. Rather than hard-coding
+each packing, we *probe* it once: write tokens whose values encode (token offset, dim) through
+vLLM's own writer and read back where each element landed. Writing always goes through vLLM's
+writer, so compaction never depends on the probe for correctness of the write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where token t, dim d of one (block, kv head) sits inside that block-head's K and V spans."""
+
+    key_index: torch.Tensor    # int64 [block_size, head_size] into the K span (block_size*head_size)
+    value_index: torch.Tensor  # int64 [block_size, head_size] into the V span
+
+
+def _split(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V views exactly as vLLM's CPU backend makes them."""
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    view = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1)
+    key_cache, value_cache = view.chunk(2, dim=2)
+    return key_cache, value_cache
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             slots: torch.Tensor, isa: str) -> None:
+    """Write [n, kv_heads, head_size] key/value at flat slots with vLLM's own CPU writer."""
+    from vllm import _custom_ops as ops
+
+    key_cache, value_cache = _split(kv_cache)
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa,
+                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+
+
+@lru_cache(maxsize=16)
+def probe_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> BlockLayout:
+    """Find the packing of one block-head span by writing coded values with vLLM's writer."""
+    cache = torch.zeros(1, 1, block_size, 2 * head_size, dtype=dtype)
+    slots = torch.arange(block_size, dtype=torch.int64)
+    # Codes 1..block_size and 1..head_size are exact in every float dtype used here (<= 256
+    # would be exact even in bf16); two probes give the token and the dim of every element.
+    tok_code = (torch.arange(block_size, dtype=torch.float32) + 1)[:, None, None]
+    dim_code = (torch.arange(head_size, dtype=torch.float32) + 1)[None, None, :]
+    coded = []
+    for code in (tok_code.expand(block_size, 1, head_size), dim_code.expand(block_size, 1, head_size)):
+        cache.zero_()
+        data = code.to(dtype).contiguous()
+        write_kv(cache, data, data, slots, isa)
+        key_cache, value_cache = _split(cache)
+        coded.append((key_cache.reshape(-1).float().clone(), value_cache.reshape(-1).float().clone()))
+    index = []
+    for part in (0, 1):
+        toks, dims = coded[0][part], coded[1][part]
+        if bool((toks == 0).any()) or bool((dims == 0).any()):
+            raise RuntimeError(f"unexpected CPU KV packing for isa={isa}: holes in the probe")
+        flat = (toks.long() - 1) * head_size + (dims.long() - 1)
+        if flat.unique().numel() != block_size * head_size:
+            raise RuntimeError(f"unexpected CPU KV packing for isa={isa}: not a permutation")
+        inverse = torch.empty_like(flat)
+        inverse[flat] = torch.arange(flat.numel())
+        index.append(inverse.view(block_size, head_size))
+    return BlockLayout(key_index=index[0], value_index=index[1])
+
+
+def read_kv(kv_cache: torch.Tensor, slots: torch.Tensor, layout: BlockLayout
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather K and V at flat slots: two [n, kv_heads, head_size] tensors."""
+    num_blocks, num_kv_heads, block_size, two_hs = kv_cache.shape
+    head_size = two_hs // 2
+    key_cache, value_cache = _split(kv_cache)
+    blocks = slots // block_size
+    offsets = slots % block_size
+    spans_k = key_cache.reshape(num_blocks, num_kv_heads, block_size * head_size)[blocks]
+    spans_v = value_cache.reshape(num_blocks, num_kv_heads, block_size * head_size)[blocks]
+    k_idx = layout.key_index[offsets][:, None, :].expand(-1, num_kv_heads, -1)
+    v_idx = layout.value_index[offsets][:, None, :].expand(-1, num_kv_heads, -1)
+    return spans_k.gather(2, k_idx), spans_v.gather(2, v_idx)

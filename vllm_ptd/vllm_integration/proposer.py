@@ -1,0 +1,122 @@
+"""PTD's proposer inside vLLM's V1 model runner.
+
+Registered through vLLM's `custom_class` hook (see spec_config.py). Unlike other drafters it
+needs more than sampled token ids: after each verified step it receives, for every PTD request,
+the layout that was actually run, the target's argmax at every node and the verification
+result (`record_step`, called by runner_patches), and feeds them to the request's
+`PTDRequestState` before proposing the next tree.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_ptd.core.layout import TreeLayout
+from vllm_ptd.core.metrics import PTDStats
+from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.verify import VerifyResult
+from vllm_ptd.vllm_integration.eligibility import draft_blocker
+from vllm_ptd.vllm_integration.spec_config import ptd_config_of
+
+logger = logging.getLogger("vllm_ptd")
+
+
+@dataclass
+class StepRecord:
+    layout: TreeLayout
+    argmax: np.ndarray
+    result: VerifyResult
+
+
+class PTDProposer:
+    """Per-request PTD states keyed by vLLM request id, and the layouts in flight."""
+
+    def __init__(self, vllm_config) -> None:
+        self.config = ptd_config_of(vllm_config.speculative_config)
+        if self.config is None:
+            raise ValueError("PTDProposer needs a speculative config made from method 'ptd'")
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.runner = None  # set by runner_patches before the first proposal
+        self.states: dict[str, PTDRequestState] = {}
+        self.pending: dict[str, TreeLayout] = {}   # proposed, not yet verified
+        self.records: dict[str, StepRecord] = {}   # verified this step, not yet observed
+        self.stats = PTDStats()
+        self.fallbacks = 0  # requests switched to plain decoding after an internal error
+
+    def load_model(self, target_model) -> None:
+        """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
+        runner calls this unconditionally)."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def forget(self, req_id: str) -> None:
+        """Drop everything held for a request (finished, aborted, preempted or resumed)."""
+        self.states.pop(req_id, None)
+        self.pending.pop(req_id, None)
+        self.records.pop(req_id, None)
+
+    def num_live_states(self) -> int:
+        return len(self.states) + len(self.pending) + len(self.records)
+
+    # -- per step ----------------------------------------------------------------------
+    def record_step(self, req_id: str, layout: TreeLayout, argmax: np.ndarray,
+                    result: VerifyResult) -> None:
+        self.records[req_id] = StepRecord(layout, argmax, result)
+
+    def _state_for(self, req_id: str, req_state) -> PTDRequestState:
+        state = self.states.get(req_id)
+        if state is None:
+            stop = set(req_state.sampling_params.all_stop_token_ids or ())
+            state = PTDRequestState(self.config, list(req_state.prompt_token_ids or []),
+                                    frozenset(stop))
+            self.states[req_id] = state
+        return state
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        """Return the next draft tokens of every request in the batch (vLLM's contract).
+
+        One list per request, aligned with the runner's input batch: the DFS-flattened
+        [C; T] of the request's new tree (x itself is not a draft), or [] for no drafts.
+        """
+        runner = self.runner
+        drafts: list[list[int]] = []
+        for index, req_id in enumerate(runner.input_batch.req_ids):
+            sampled = sampled_token_ids[index]
+            if not sampled:  # partial prefill chunk or discarded: nothing committed
+                drafts.append([])
+                continue
+            req_state = runner.requests[req_id]
+            try:
+                drafts.append(self._propose_one(req_id, req_state, sampled,
+                                                int(num_tokens_no_spec[index])))
+            except Exception:  # never take the engine down: fall back to plain decoding
+                logger.exception("PTD drafting failed for request %s; it continues without "
+                                 "drafts", req_id)
+                self.fallbacks += 1
+                self.forget(req_id)
+                drafts.append([])
+        return drafts
+
+    def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int
+                     ) -> list[int]:
+        state = self._state_for(req_id, req_state)
+        record = self.records.pop(req_id, None)
+        if record is not None:
+            state.observe(record.layout, record.argmax, record.result)
+            layout, result = record.layout, record.result
+            self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
+                              len(result.accepted), len(result.tokens))
+        self.pending.pop(req_id, None)
+        if draft_blocker(req_state.sampling_params) is not None:
+            return []
+        # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
+        budget = min(self.config.max_nodes, self.max_model_len - num_tokens)
+        if budget <= 0:
+            return []
+        layout = state.propose(sampled[-1], budget)
+        if len(layout) <= 1:
+            return []
+        self.pending[req_id] = layout
+        return layout.tokens[1:].tolist()
