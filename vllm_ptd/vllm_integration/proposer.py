@@ -9,10 +9,11 @@ result (`record_step`, called by runner_patches), and feeds them to the request'
 
 from __future__ import annotations
 
-import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
+from vllm.logger import init_logger
 
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
@@ -21,7 +22,9 @@ from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.eligibility import draft_blocker
 from vllm_ptd.vllm_integration.spec_config import ptd_config_of
 
-logger = logging.getLogger("vllm_ptd")
+# Under vLLM's "vllm" logger namespace so that vLLM's logging configuration shows it.
+logger = init_logger("vllm.ptd")
+LOG_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -44,7 +47,11 @@ class PTDProposer:
         self.pending: dict[str, TreeLayout] = {}   # proposed, not yet verified
         self.records: dict[str, StepRecord] = {}   # verified this step, not yet observed
         self.stats = PTDStats()
+        self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
+        self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
+        self._last_log = time.monotonic()
+        self._logged = PTDStats()
 
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
@@ -53,12 +60,24 @@ class PTDProposer:
     # -- lifecycle ---------------------------------------------------------------------
     def forget(self, req_id: str) -> None:
         """Drop everything held for a request (finished, aborted, preempted or resumed)."""
+        self.blockers.pop(req_id, None)
         self.states.pop(req_id, None)
         self.pending.pop(req_id, None)
         self.records.pop(req_id, None)
 
     def num_live_states(self) -> int:
-        return len(self.states) + len(self.pending) + len(self.records)
+        return len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
+
+    def snapshot(self) -> dict:
+        """Counters for tests, benchmarks and logs."""
+        return {**self.stats.summary(), "live_states": self.num_live_states(),
+                "kv_moves": self.kv_moves, "fallbacks": self.fallbacks}
+
+    def blocker(self, req_id: str, params, rule) -> str | None:
+        """`rule(params)`, cached per request: sampling params never change mid-request."""
+        if req_id not in self.blockers:
+            self.blockers[req_id] = rule(params)
+        return self.blockers[req_id]
 
     # -- per step ----------------------------------------------------------------------
     def record_step(self, req_id: str, layout: TreeLayout, argmax: np.ndarray,
@@ -97,7 +116,22 @@ class PTDProposer:
                 self.fallbacks += 1
                 self.forget(req_id)
                 drafts.append([])
+        self._maybe_log()
         return drafts
+
+    def _maybe_log(self) -> None:
+        """One interval line with the paper's metrics, next to vLLM's own stats lines."""
+        now = time.monotonic()
+        if now - self._last_log < LOG_INTERVAL_S:
+            return
+        s, old = self.stats, self._logged
+        delta = PTDStats(*(a - b for a, b in zip(vars(s).values(), vars(old).values())))
+        if delta.steps:
+            logger.info("PTD: DE %.2f, HR %.2f, AL %.2f, C nodes/step %.1f, T nodes/step %.1f "
+                        "over %d request-steps; fallbacks %d", delta.DE, delta.HR, delta.AL,
+                        delta.C_per_step, delta.T_per_step, delta.steps, self.fallbacks)
+        self._last_log = now
+        self._logged = PTDStats(**vars(s))
 
     def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int
                      ) -> list[int]:
@@ -109,7 +143,7 @@ class PTDProposer:
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
         self.pending.pop(req_id, None)
-        if draft_blocker(req_state.sampling_params) is not None:
+        if self.blocker(req_id, req_state.sampling_params, draft_blocker) is not None:
             return []
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
         budget = min(self.config.max_nodes, self.max_model_len - num_tokens)

@@ -1,0 +1,11 @@
+"""Read PTD's worker-side counters from the front end: `llm.collective_rpc(ptd_snapshot)`."""
+
+from __future__ import annotations
+
+
+def ptd_snapshot(worker) -> dict | None:
+    """Runs inside each worker: the PTD proposer's counters, or None without PTD."""
+    from vllm_ptd.vllm_integration.proposer import PTDProposer
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return drafter.snapshot() if isinstance(drafter, PTDProposer) else None
