@@ -17,11 +17,12 @@ def compact_accepted_kv(runner, src_slots: torch.Tensor, dst_slots: torch.Tensor
     if caches[0].device.type == "cpu":
         _compact_cpu(runner, caches, src_slots, dst_slots)
     else:
+        # vLLM 0.32's Triton backend keeps one [num_blocks, kv_heads, block_size, 2*hs]
+        # tensor per layer, unpacked: the kernel's "cpu"-shaped layout (named for its shape).
         from vllm_ptd.kernels import compact_kv
 
-        compact_kv([(c[0], c[1]) if c.dim() == 5 else c for c in caches],
-                   src_slots.to(caches[0].device), dst_slots.to(caches[0].device),
-                   layout="cuda")
+        compact_kv(caches, src_slots.to(caches[0].device), dst_slots.to(caches[0].device),
+                   layout="cpu")
 
 
 def _compact_cpu(runner, caches, src_slots, dst_slots) -> None:

@@ -46,8 +46,12 @@ ALL_PATCHES: list[Patch] = [
 
 # Attention backends replaced through vLLM's public registry (not monkey-patching): the PTD
 # backends behave exactly like vLLM's when a step carries no tree.
-BACKEND_OVERRIDES = {
+CPU_BACKEND_OVERRIDES = {
     "CPU_ATTN": "vllm_ptd.vllm_integration.cpu_tree_attention.CPUTreeAttentionBackend",
+}
+# Not yet run on a GPU (no GPU in the sessions so far): see README status.
+CUDA_BACKEND_OVERRIDES = {
+    "TRITON_ATTN": "vllm_ptd.attention.triton_tree_backend.TritonTreeAttentionBackend",
 }
 
 
@@ -55,9 +59,13 @@ def _register_backends() -> None:
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    if not current_platform.is_cpu():
-        return  # the CUDA tree backend is not wired yet (see README status)
-    for name, path in BACKEND_OVERRIDES.items():
+    if current_platform.is_cpu():
+        overrides = CPU_BACKEND_OVERRIDES
+    elif current_platform.is_cuda():
+        overrides = CUDA_BACKEND_OVERRIDES
+    else:
+        return
+    for name, path in overrides.items():
         register_backend(AttentionBackendEnum[name], path)
 
 

@@ -105,17 +105,29 @@ def make_prepare_inputs(original):
         index = torch.from_numpy(np.concatenate(rows)).to(self.positions.device)
         self.positions[index] = torch.from_numpy(np.concatenate(positions)).to(
             self.positions.device, self.positions.dtype)
-        set_tree_attention_metadata(_tree_metadata(blocks, self.positions.device))
+        set_tree_attention_metadata(
+            _tree_metadata(blocks, self.positions.device, num_scheduled_tokens[: self.input_batch.num_reqs]))
         return result
 
     return _prepare_inputs
 
 
-def _tree_metadata(blocks: list[TreeBlock], device: torch.device) -> TreeAttentionMetadata:
+def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
+                   num_scheduled_tokens: np.ndarray) -> TreeAttentionMetadata:
     if device.type == "cpu":
         # The CPU backend attends per block from the dense masks; no packed bits needed.
         return TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None, blocks)
-    raise NotImplementedError("PTD on CUDA: the Triton tree backend is not wired yet")
+    # CUDA (Triton tree backend): packed ancestor bits for every row of the batch. Rows of
+    # requests without a tree stay zero: is_tree = 0 makes the kernel use a causal mask there.
+    from vllm_ptd.kernels.tree_mask import WORD_BITS, pack_bool_mask
+
+    words = -(-max(b.size for b in blocks) // WORD_BITS)
+    bits = torch.zeros(int(num_scheduled_tokens.sum()), words, dtype=torch.int32)
+    is_tree = torch.zeros(len(num_scheduled_tokens), dtype=torch.int32)
+    for blk in blocks:
+        bits[blk.start: blk.start + blk.size] = pack_bool_mask(blk.mask, words)
+        is_tree[blk.req_index] = 1
+    return TreeAttentionMetadata(bits.to(device), words, is_tree.to(device), blocks)
 
 
 def _greedy_argmax(logits: torch.Tensor) -> np.ndarray:
