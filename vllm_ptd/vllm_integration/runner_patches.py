@@ -117,8 +117,17 @@ def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
     if device.type == "cpu":
         # The CPU backend attends per block from the dense masks; no packed bits needed.
         return TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None, blocks)
-    # CUDA (Triton tree backend): packed ancestor bits for every row of the batch. Rows of
-    # requests without a tree stay zero: is_tree = 0 makes the kernel use a causal mask there.
+    bits, words, is_tree = pack_batch_tree_masks(blocks, num_scheduled_tokens)
+    return TreeAttentionMetadata(bits.to(device), words, is_tree.to(device), blocks)
+
+
+def pack_batch_tree_masks(blocks: list[TreeBlock], num_scheduled_tokens: np.ndarray
+                          ) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Packed ancestor bits for every row of the batch, for the Triton tree backend.
+
+    Rows of requests without a tree stay zero: their is_tree flag is 0, so the kernel uses a
+    causal mask there and never reads those rows.
+    """
     from vllm_ptd.kernels.tree_mask import WORD_BITS, pack_bool_mask
 
     words = -(-max(b.size for b in blocks) // WORD_BITS)
@@ -127,7 +136,7 @@ def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
     for blk in blocks:
         bits[blk.start: blk.start + blk.size] = pack_bool_mask(blk.mask, words)
         is_tree[blk.req_index] = 1
-    return TreeAttentionMetadata(bits.to(device), words, is_tree.to(device), blocks)
+    return bits, words, is_tree
 
 
 def _greedy_argmax(logits: torch.Tensor) -> np.ndarray:

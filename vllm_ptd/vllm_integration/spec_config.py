@@ -65,8 +65,25 @@ def make_create_speculative_config(original):
             # The scheduler allocates KV slots for at most this many draft tokens per request.
             "num_speculative_tokens": max(ptd.max_nodes, 1),
         }
+        _select_tree_attention_backend(self)
         config = original(self, target_model_config, target_parallel_config)
         config.ptd = asdict(ptd)
         return config
 
     return create_speculative_config
+
+
+def _select_tree_attention_backend(engine_args) -> None:
+    """On CUDA, PTD's tree attention lives in the Triton backend: pick it unless the user
+    asked for another one, which PTD cannot serve (refused with the reason)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return
+    chosen = engine_args.attention_backend or getattr(engine_args.attention_config,
+                                                      "backend", None)
+    if chosen is None:
+        engine_args.attention_backend = "TRITON_ATTN"
+    elif getattr(chosen, "name", str(chosen)) != "TRITON_ATTN":
+        raise ValueError(f"method 'ptd' needs the TRITON_ATTN attention backend on CUDA "
+                         f"(its tree-attention kernel); got {chosen}")
