@@ -106,7 +106,8 @@ def make_prepare_inputs(original):
         self.positions[index] = torch.from_numpy(np.concatenate(positions)).to(
             self.positions.device, self.positions.dtype)
         set_tree_attention_metadata(
-            _tree_metadata(blocks, self.positions.device, num_scheduled_tokens[: self.input_batch.num_reqs]))
+            _tree_metadata(blocks, self.positions.device,
+                           num_scheduled_tokens[: self.input_batch.num_reqs]))
         return result
 
     return _prepare_inputs
@@ -166,7 +167,10 @@ def make_sample(original):
         argmax = _greedy_argmax(logits)
         cu_sampled = spec_decode_metadata.cu_num_sampled_tokens.cpu().numpy()
         width = int(np.diff(cu_sampled, prepend=0).max())
-        if _all_plain_greedy(self, drafter):
+        tree_rows = {tree.req_index for tree in trees.values()}
+        untreed_drafts = any(count and idx not in tree_rows
+                             for idx, count in enumerate(spec_decode_metadata.num_draft_tokens))
+        if not untreed_drafts and _all_plain_greedy(self, drafter):
             # Every row is a plain argmax: skip vLLM's linear rejection sampler entirely.
             rows = np.full((len(cu_sampled), width), -1, dtype=np.int64)
             rows[:, 0] = argmax[cu_sampled - 1]   # no-draft requests: the bonus only
