@@ -26,24 +26,15 @@ def _methods(ptd_configs: list[str]) -> list[tuple[str, dict | None, dict | None
 
 
 def run(args) -> list[dict]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from vllm_ptd.datasets import sample_prompts
     from vllm_ptd.engine_utils import accepted_tokens, chat_prompts, make_llm
 
     rows, reference = [], {}
     for name, ptd, other_spec in _methods(args.ptd):
-        if other_spec is not None:
-            import os
-
-            from vllm_ptd.model import default_model_path
-
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-            llm = LLM(args.model or default_model_path(), dtype=args.dtype, max_model_len=2048,
-                      seed=0, enforce_eager=args.eager, speculative_config=other_spec,
-                      disable_log_stats=False)
-        else:
-            llm = make_llm(args.model, ptd=ptd, dtype=args.dtype, enforce_eager=args.eager)
+        llm = make_llm(args.model, ptd=ptd, dtype=args.dtype, enforce_eager=args.eager,
+                       speculative_config=other_spec)
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
         for dataset in args.datasets:
             prompts = chat_prompts(llm, sample_prompts(dataset, args.prompts))

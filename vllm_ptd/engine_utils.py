@@ -8,8 +8,10 @@ from typing import Any
 
 
 def make_llm(model: str | None = None, ptd: dict | None = None, dtype: str = "float32",
-             max_model_len: int = 2048, **kwargs: Any):
-    """An offline `vllm.LLM`; `ptd` is the PTD speculative config (None: plain decoding)."""
+             max_model_len: int = 2048, speculative_config: dict | None = None,
+             **kwargs: Any):
+    """An offline `vllm.LLM`; `ptd` is the PTD speculative config (None: plain decoding).
+    `speculative_config` passes another vLLM method (e.g. ngram) through instead."""
     from vllm import LLM
 
     from vllm_ptd.model import default_model_path
@@ -17,7 +19,7 @@ def make_llm(model: str | None = None, ptd: dict | None = None, dtype: str = "fl
     # On CPU the KV cache size comes from this variable; vLLM's default fraction of RAM fails
     # on a shared machine.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    spec = None if ptd is None else {"method": "ptd", **ptd}
+    spec = speculative_config if ptd is None else {"method": "ptd", **ptd}
     return LLM(
         model or default_model_path(),
         dtype=dtype,
