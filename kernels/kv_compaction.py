@@ -10,9 +10,13 @@ index is <= its source index, with destinations consecutive. So for pairs k < m:
 the pairs of one request one after the other, in the given order, therefore never reads
 a slot that was already overwritten; only a *later* pair may overwrite an *earlier*
 pair's source, after that source was read. Both implementations keep that order: the
-Triton kernel runs one program per (request group, KV-head chunk) that loops over its
-group's pairs in order; groups (requests) own disjoint slots, so they run in
-parallel. :func:`check_compaction_order` verifies these preconditions on the host.
+Triton kernel runs one program per (request group, KV-head chunk, layer view) that
+loops over its group's pairs in order; groups (requests) own disjoint slots and layers
+disjoint memory, so those programs run in parallel, all layers in one launch. Inside a
+program each (head, d) element is loaded and stored by the same thread (one offsets
+tensor for both), so that thread's program order is the only ordering needed, and as
+no pair reads an earlier pair's destination, reads fetched early stay correct.
+:func:`check_compaction_order` verifies these preconditions on the host.
 
 Layouts:
 * ``"cpu"``: one tensor per layer, vLLM 0.32's logical per-layer KV
@@ -108,7 +112,8 @@ def compact_kv_torch(
 
 @triton.jit
 def _compact_kernel(
-    cache_ptr,
+    base_ptr,  # first view of the launch: fixes the element type
+    view_ptrs,  # int64 [num_views]: data_ptr of every K/V view of the launch
     src_ptr,
     dst_ptr,
     pair_start_ptr,
@@ -124,6 +129,8 @@ def _compact_kernel(
 ):
     group = tl.program_id(0)
     head_chunk = tl.program_id(1)
+    view = tl.program_id(2)
+    cache_ptr = tl.load(view_ptrs + view).to(tl.pointer_type(base_ptr.dtype.element_ty))
     lo = tl.load(pair_start_ptr + group)
     hi = tl.load(pair_start_ptr + group + 1)
     heads = head_chunk * HEADS_PER_PROG + tl.arange(0, HEADS_PER_PROG)
@@ -139,6 +146,20 @@ def _compact_kernel(
             dst_off = (dst // block_size) * stride_b + (dst % block_size) * stride_s
             x = tl.load(cache_ptr + src_off + inner, mask=ok)
             tl.store(cache_ptr + dst_off + inner, x, mask=ok)
+
+
+def _launch_groups(views: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Views that share dtype, shape and strides, in first-seen order.
+
+    One launch serves a whole group through a table of base pointers. vLLM gives
+    every layer of a KV-cache group the same shape and strides, so a model is one
+    launch (hybrid models with several cache specs: one per spec).
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for view in views:
+        key = (view.dtype, view.device, tuple(view.shape), view.stride())
+        groups.setdefault(key, []).append(view)
+    return list(groups.values())
 
 
 def compact_kv(
@@ -175,19 +196,25 @@ def compact_kv(
     dst = dst_slots.to(torch.int64)
     starts = pair_start_loc.to(torch.int64)
     num_groups = starts.numel() - 1
-    # One launch per K/V view: layers are separate allocations in vLLM, and a
-    # per-layer launch keeps the kernel free of pointer tables.
-    for view in views:
-        _, block_size, num_heads, dim = view.shape
+    # One launch for all layers (per group of identically laid-out views): programs
+    # are (pair group, head chunk, view); layers never share slots, so only the pairs
+    # inside one (group, view) need the sequential order.
+    for launch in _launch_groups(views):
+        first = launch[0]
+        _, block_size, num_heads, dim = first.shape
         dim_pad = triton.next_power_of_2(dim)
         heads_per_prog = min(triton.next_power_of_2(num_heads), max(1, 4096 // dim_pad))
-        grid = (num_groups, triton.cdiv(num_heads, heads_per_prog))
+        ptrs = torch.tensor(
+            [v.data_ptr() for v in launch], dtype=torch.int64, device=first.device
+        )
+        grid = (num_groups, triton.cdiv(num_heads, heads_per_prog), len(launch))
         _compact_kernel[grid](
-            view,
+            first,
+            ptrs,
             src,
             dst,
             starts,
-            *view.stride(),
+            *first.stride(),
             block_size,
             num_heads,
             DIM=dim,

@@ -19,7 +19,8 @@ which PTD needs to re-implement. In a step that has trees, the whole batch goes
 through this kernel in one launch: requests flagged non-tree in ``is_tree`` run with a
 causal in-block mask computed in the kernel (no mask words needed, so a long prefill
 chunk costs no mask memory). One launch avoids splitting a mixed batch, whose rows are
-interleaved in ``query``, into two sub-batches.
+interleaved in ``query``, into two sub-batches. (docs/kernels.md has the long form,
+and the CUDA-graph consequence.)
 
 Out of scope (rejected with ``ValueError``, never ignored): sliding window, ALiBi,
 logits soft-capping, attention sinks, quantized (fp8/int) KV caches, K/V of different

@@ -195,3 +195,122 @@ def test_unknown_layout_is_rejected() -> None:
             torch.tensor([0]),
             layout="nhd",
         )
+
+
+def max_overlap_pairs(
+    tables: list[list[int]], ctxs: list[int], lengths: list[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Accepted block indices 2, 3, ..., L+1 for every request: each destination is the
+    previous pair's source, the most overlap step 4's order argument allows."""
+    src, dst, starts = [], [], [0]
+    for table, ctx, n in zip(tables, ctxs, lengths):
+
+        def slot(t: int, table: list[int] = table) -> int:
+            return table[t // block_size] * block_size + t % block_size
+
+        src += [slot(ctx + 2 + j) for j in range(n)]
+        dst += [slot(ctx + 1 + j) for j in range(n)]
+        starts.append(len(src))
+    as_long = {"dtype": torch.int64, "device": DEVICE}
+    return (
+        torch.tensor(src, **as_long),
+        torch.tensor(dst, **as_long),
+        torch.tensor(starts, **as_long),
+    )
+
+
+@pytest.mark.parametrize("layout", ["cuda", "cpu"])
+def test_maximal_overlap_across_block_boundaries_with_poisoned_destinations(
+    layout: str,
+) -> None:
+    """Chains whose every destination is the previous pair's source, crossing blocks of
+    shuffled tables, several requests and layers at once. Slots that are only written
+    (never read) start as NaN, so a skipped copy leaves a NaN behind."""
+    gen = torch.Generator().manual_seed(42)
+    block_size, num_blocks = 16, 12
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [perm[0:4], perm[4:8], perm[8:12]]
+    ctxs, lengths = [13, 30, 0], [20, 9, 40]  # chains cross 2, 1 and 2 block edges
+    src, dst, starts = max_overlap_pairs(tables, ctxs, lengths, block_size)
+    kernels.check_compaction_order(src, dst, starts)
+    caches = make_caches(layout, 3, num_blocks, block_size, 2, 64, torch.float16, gen)
+    only_written = sorted(set(dst.tolist()) - set(src.tolist()))
+    assert len(only_written) == 3  # the last destination of each request
+    for view in slot_views(caches, layout):
+        for d in only_written:
+            view[d // block_size, d % block_size] = float("nan")
+
+    expected = clone_caches(caches, layout)
+    sequential_reference(slot_views(expected, layout), src.tolist(), dst.tolist())
+    by_triton = clone_caches(caches, layout)
+    kernels.compact_kv(by_triton, src, dst, starts, layout=layout, validate=True)
+    by_torch = clone_caches(caches, layout)
+    kernels.compact_kv_torch(by_torch, src, dst, layout=layout)
+    for want, got_k, got_t in zip(
+        slot_views(expected, layout),
+        slot_views(by_triton, layout),
+        slot_views(by_torch, layout),
+    ):
+        assert not want.isnan().any() and not got_k.isnan().any()
+        assert torch.equal(got_k, want) and torch.equal(got_t, want)
+    # In reverse order the chain would copy already-moved data: the test can tell.
+    backwards = clone_caches(caches, layout)
+    sequential_reference(
+        slot_views(backwards, layout), src.flip(0).tolist(), dst.flip(0).tolist()
+    )
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(slot_views(backwards, layout), slot_views(expected, layout))
+    )
+
+
+class _CountingKernel:
+    """Wraps the Triton kernel to count launches."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def test_all_layers_move_in_one_launch_and_head_chunks_stay_ordered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8 layers (16 K/V views) in one launch; 40 KV heads of 128 split into two head
+    chunks, each walking the overlapping chain in order."""
+    module = sys.modules[kernels.compact_kv.__module__]
+    counter = _CountingKernel(module._compact_kernel)
+    monkeypatch.setattr(module, "_compact_kernel", counter)
+    gen = torch.Generator().manual_seed(9)
+    block_size, num_blocks = 32, 4
+    table = torch.randperm(num_blocks, generator=gen).tolist()
+    src, dst, starts = max_overlap_pairs([table], [25], [12], block_size)
+    caches = make_caches("cuda", 8, num_blocks, block_size, 40, 128, torch.bfloat16, gen)
+    expected = clone_caches(caches, "cuda")
+    sequential_reference(slot_views(expected, "cuda"), src.tolist(), dst.tolist())
+    kernels.compact_kv(caches, src, dst, starts, layout="cuda")
+    assert len(counter.grids) == 1
+    assert counter.grids[0] == (1, 2, 16)
+    for want, got in zip(slot_views(expected, "cuda"), slot_views(caches, "cuda")):
+        assert torch.equal(got, want)
+
+
+def test_layers_of_different_shapes_each_get_a_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = sys.modules[kernels.compact_kv.__module__]
+    counter = _CountingKernel(module._compact_kernel)
+    monkeypatch.setattr(module, "_compact_kernel", counter)
+    gen = torch.Generator().manual_seed(10)
+    caches = make_caches("cpu", 2, 4, 16, 2, 64, torch.float32, gen) + make_caches(
+        "cpu", 1, 4, 16, 1, 128, torch.float32, gen
+    )
+    src, dst, starts = max_overlap_pairs([[2, 0, 3, 1]], [5], [14], 16)
+    expected = clone_caches(caches, "cpu")
+    sequential_reference(slot_views(expected, "cpu"), src.tolist(), dst.tolist())
+    kernels.compact_kv(caches, src, dst, starts, layout="cpu")
+    assert len(counter.grids) == 2
+    for want, got in zip(slot_views(expected, "cpu"), slot_views(caches, "cpu")):
+        assert torch.equal(got, want)

@@ -30,8 +30,11 @@ if DEVICE == "cpu" and not interpreter_active():
         "Triton was imported before TRITON_INTERPRET=1 was set; without a GPU the "
         "kernel tests need it (see tests/conftest.py)"
     )
-# ||out - ref|| / ||ref|| bounds (METHOD.md): fp32 far under 1e-3, half types ~1e-2.
-TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# ||out - ref|| / ||ref|| bounds per dtype, after the device tool's METHOD.md: float32
+# arithmetic "far under 1e-3" (the kernel asks for IEEE fp32 dots, not tf32); bf16
+# operands "between 1e-3 and 1e-2", so 1e-2 at most; fp16 has 3 more mantissa bits
+# than bf16, so 8x tighter. The reference runs in float64 on the same rounded inputs.
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def random_parents(n: int, gen: torch.Generator) -> list[int]:
@@ -111,6 +114,7 @@ def run_and_check(batch: dict, parents_list: list, dtype: torch.dtype, **kw) -> 
         **batch, mask_bits=mask_bits, mask_words=mask_words, scale=scale, out=out, **kw
     )
     ref = kernels.tree_attention_ref(**batch, parents_list=parents_list, scale=scale)
+    assert torch.isfinite(ref).all()
     assert not out.isnan().any(), "unwritten (NaN) output elements"
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]:.0e}"
@@ -149,6 +153,8 @@ def test_invalid_parent_arrays_are_rejected(parents: list[int]) -> None:
         (torch.float32, 64, 4, 4, 16),
         (torch.float32, 128, 8, 2, 32),
         (torch.float16, 64, 6, 2, 16),
+        (torch.float16, 128, 4, 2, 32),
+        (torch.bfloat16, 64, 8, 2, 64),
         (torch.bfloat16, 128, 4, 1, 16),
     ],
 )
@@ -186,7 +192,12 @@ def test_tree_attention_matches_reference_on_random_configs(seed: int) -> None:
     num_reqs = int(torch.randint(1, 6, (1,), generator=gen))
     q_lens = torch.randint(1, 48, (num_reqs,), generator=gen).tolist()
     ctx_lens = torch.randint(0, 160, (num_reqs,), generator=gen).tolist()
-    parents_list = [random_parents(q, gen) for q in q_lens]
+    # About a third of the requests are causal blocks (prefill chunk / plain decode)
+    # beside the trees, flagged through is_tree.
+    causal = torch.rand(num_reqs, generator=gen) < 0.3
+    parents_list = [
+        None if c else random_parents(q, gen) for c, q in zip(causal.tolist(), q_lens)
+    ]
     batch = make_batch(
         q_lens,
         ctx_lens,
@@ -198,6 +209,24 @@ def test_tree_attention_matches_reference_on_random_configs(seed: int) -> None:
         gen,
         split_kv_view=bool(seed % 2),
     )
+    is_tree = (~causal).to(torch.int32).to(DEVICE)
+    run_and_check(batch, parents_list, dtype, is_tree=is_tree)
+
+
+@pytest.mark.parametrize(
+    "dtype,block_size", [(torch.float16, 16), (torch.bfloat16, 32), (torch.float32, 64)]
+)
+def test_prefixes_ending_mid_block_and_on_block_edges(
+    dtype: torch.dtype, block_size: int
+) -> None:
+    """Committed prefixes that end inside a block (the tree straddles the edge), on an
+    edge, one short of it, and empty; the query blocks spill into the next blocks."""
+    gen = torch.Generator().manual_seed(block_size)
+    bs = block_size
+    ctx_lens = [bs // 2 + 3, 2 * bs, 2 * bs - 1, 0, 3 * bs + 1]
+    q_lens = [bs, 5, 2, 9, 1]
+    parents_list = [random_parents(q, gen) for q in q_lens]
+    batch = make_batch(q_lens, ctx_lens, 8, 2, 128, bs, dtype, gen)
     run_and_check(batch, parents_list, dtype)
 
 
@@ -246,6 +275,22 @@ def test_rows_past_the_batch_are_left_untouched() -> None:
 def test_out_of_scope_features_raise(feature: dict) -> None:
     with pytest.raises(ValueError, match="does not support"):
         kernels.check_supported(**feature)
+
+
+def test_fp8_kv_cache_tensors_are_rejected() -> None:
+    gen = torch.Generator().manual_seed(6)
+    batch = make_batch([2], [3], 2, 2, 64, 16, torch.float16, gen)
+    for name in ("key_cache", "value_cache"):
+        batch[name] = batch[name].to(torch.float8_e4m3fn)
+    bits, words = kernels.pack_tree_masks([[-1, 0]], device=DEVICE)
+    with pytest.raises(ValueError, match="quantized KV caches are not supported"):
+        kernels.tree_attention(
+            **batch,
+            mask_bits=bits,
+            mask_words=words,
+            scale=0.1,
+            out=torch.empty_like(batch["query"]),
+        )
 
 
 def test_mismatched_kv_dtype_raises() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from vllm_ptd.kernels.tree_mask import tree_mask_dense, unpack_mask_bits
 
 from vllm_ptd.attention.tree_metadata import TreeBlock
-from vllm_ptd.kernels.tree_mask import tree_mask_dense, unpack_mask_bits
 from vllm_ptd.vllm_integration.runner_patches import pack_batch_tree_masks
 
 
