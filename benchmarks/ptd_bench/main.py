@@ -1,0 +1,165 @@
+"""Runs the benchmark and writes results.json, results.md and the PNG plots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from . import offline, plots, report, server
+from .methods import Method, build_methods, parse_ptd_config, sweep_methods
+from .options import apply_smoke, parser
+from .outputs import add_speedups
+from .workloads import load_workload
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_meta() -> dict:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:
+        import vllm
+
+        vllm_version = vllm.__version__
+    except ImportError:
+        vllm_version = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent, check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"machine": f"{gpu or _cpu_name()}, {os.cpu_count()} CPU cores, {platform.system()}",
+            "device": "cuda" if gpu else "cpu", "torch": torch.__version__, "vllm": vllm_version,
+            "python": platform.python_version(), "commit": commit or None,
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def run_offline(args, methods: list[Method], workloads) -> tuple[list[dict], list[dict]]:
+    rows, sweep, plain = [], [], {}
+    progress = not args.no_progress
+    by_name = {w.dataset: w for w in workloads}
+    sweep_set = by_name[args.sweep_dataset or args.datasets[0]] if args.sweep else None
+    runs = [(m, False) for m in methods]
+    if sweep_set is not None:
+        base = parse_ptd_config(args.ptd[0])[1]
+        runs += [(m, True) for m in sweep_methods(base, args.widths, args.depths)]
+    for method, is_sweep in runs:
+        print(f"[bench] {method.label}: starting the engine", file=sys.stderr, flush=True)
+        llm = offline.build_engine(method, args.model, args.dtype, max(args.concurrency),
+                                   args.max_model_len, not args.compile)
+        offline.warm_up(llm)
+        plan = [(1, sweep_set)] if is_sweep else [(c, w) for c in args.concurrency
+                                                   for w in workloads]
+        for conc, workload in plan:
+            ref = plain.get((workload.dataset, conc))
+            row, outputs = offline.run_workload(llm, method, workload, conc, args.max_tokens,
+                                                ref, progress)
+            if method.kind == "plain":
+                plain[(workload.dataset, conc)] = outputs
+            if args.save_outputs:
+                row["outputs"] = outputs
+            if is_sweep:
+                row.update(width=method.ptd["width"], depth=method.ptd["depth"])
+                sweep.append(row)
+            else:
+                rows.append(row)
+            print(f"[bench] {_summary(row)}", file=sys.stderr, flush=True)
+        del llm
+        gc.collect()
+    return rows, sweep
+
+
+def _summary(row: dict) -> str:
+    de = row.get("DE")
+    return (f"{row['method']} | {row['dataset']} | c={row['concurrency']}: "
+            f"{row['tokens_per_s']:.1f} tok/s, DE {de if de is None else round(de, 2)}, "
+            f"mismatches {row.get('mismatches')}")
+
+
+def write_outputs(out: Path, meta: dict, rows: list[dict], sweep: list[dict]) -> list[Path]:
+    """results.json, results.md and the plots; returns the written paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.md"]
+    written[0].write_text(json.dumps({"meta": meta, "rows": rows, "sweep": sweep}, indent=1))
+    written[1].write_text(report.render(meta, rows, sweep))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        concs = sorted({r["concurrency"] for r in rows if r["mode"] == mode})
+        for conc in concs:
+            path = out / f"speedup_{mode}_c{conc}.png"
+            plots.speedup_bars(rows, str(path), mode, conc)
+            written.append(path)
+        if len(concs) > 1:
+            path = out / f"speedup_vs_concurrency_{mode}.png"
+            plots.speedup_vs_concurrency(rows, str(path), mode)
+            written.append(path)
+    if sweep:
+        path = out / "sweep_width_depth.png"
+        plots.sweep_plot(sweep, str(path), *_sweep_base(meta))
+        written.append(path)
+    return written
+
+
+def _sweep_base(meta: dict) -> tuple[int, int]:
+    base = meta.get("sweep_base") or {}
+    return base.get("width", 4), base.get("depth", 6)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        apply_smoke(args)
+    # Load and validate everything cheap before any engine starts.
+    workloads = [load_workload(d, args.prompts) for d in args.datasets]
+    meta = {**machine_meta(), "dtype": args.dtype, "max_tokens": args.max_tokens,
+            "prompts": args.prompts, "concurrency": args.concurrency,
+            "command": "vllm-ptd bench " + shlex.join(sys.argv[1:] if argv is None else argv)}
+    if args.server_url:
+        meta.update(model=args.server_model or "(served model)", server=args.server_url)
+        rows = server.run(args.server_url, args.label, args.server_model, workloads,
+                          args.concurrency, args.max_tokens, args.reference,
+                          not args.no_progress)
+        sweep = []
+    else:
+        from vllm_ptd.model import default_model_path
+
+        methods = build_methods(args.methods, args.ptd)
+        meta["model"] = args.model or f"embedded SmolLM2-135M-Instruct ({default_model_path()})"
+        if args.sweep:
+            meta["sweep_base"] = parse_ptd_config(args.ptd[0])[1]
+        rows, sweep = run_offline(args, methods, workloads)
+    if meta["device"] == "cpu":
+        meta["note"] = ("CPU numbers: vLLM's CPU backend, not a GPU; with a small model the "
+                        "extra rows PTD feeds per step are not free, so speedups here do not "
+                        "predict GPU speedups.")
+    add_speedups(rows)
+    add_speedups_sweep(rows, sweep)
+    out = Path(args.out or Path("benchmarks/results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    written = write_outputs(out, meta, rows, sweep)
+    print(report.render(meta, rows, sweep))
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0
+
+
+def add_speedups_sweep(rows: list[dict], sweep: list[dict]) -> None:
+    """Sweep points against plain's batch-1 run on the same set, when there is one."""
+    plain = {r["dataset"]: r["tokens_per_s"] for r in rows
+             if r["kind"] == "plain" and r["concurrency"] == 1}
+    for r in sweep:
+        base = plain.get(r["dataset"])
+        r["speedup"] = r["tokens_per_s"] / base if base else None

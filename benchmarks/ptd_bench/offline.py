@@ -1,0 +1,98 @@
+"""Offline runs: one engine per method, each workload answered `concurrency` conversations at
+a time (1 = the paper's batch-1 setting), timed around `llm.generate` only."""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from . import counters
+from .methods import Method
+from .outputs import compare
+from .workloads import Workload, chunks, messages_for
+
+
+def build_engine(method: Method, model: str | None, dtype: str, max_num_seqs: int,
+                 max_model_len: int, enforce_eager: bool):
+    from vllm_ptd.engine_utils import make_llm
+
+    return make_llm(model, ptd=method.ptd, dtype=dtype, speculative_config=method.spec,
+                    max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                    enforce_eager=enforce_eager)
+
+
+def warm_up(llm) -> None:
+    """One short untimed request: the first step pays one-off costs (graphs, allocators).
+    Not a benchmark prompt, so no cache remembers part of a timed answer."""
+    from vllm import SamplingParams
+
+    tok = llm.get_tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say hello."}], tokenize=False,
+                                     add_generation_prompt=True)
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+
+
+def reset_caches(llm, method: Method) -> None:
+    """Every timed run starts cold: the same prompts run once per concurrency level, and
+    prefix caching (all methods) or suffix decoding's response cache would otherwise replay
+    the previous run."""
+    llm.reset_prefix_cache()
+    if method.kind == "suffix":
+        from .worker_rpc import reset_suffix_cache
+
+        llm.collective_rpc(reset_suffix_cache)
+
+
+def _read(llm, method: Method) -> dict | None:
+    if method.kind == "ptd":
+        return counters.read_ptd(llm)
+    if method.kind in ("ngram", "suffix"):
+        return counters.read_vllm(llm)
+    return None
+
+
+def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_tokens: int,
+                 reference: list[list[int]] | None = None, progress: bool = True
+                 ) -> tuple[dict, list[list[int]]]:
+    """Answer every conversation of `workload`; returns (row, token ids per request in
+    conversation/turn order). Turn t+1 of a conversation is asked after its turn-t answer."""
+    from vllm import SamplingParams
+
+    reset_caches(llm, method)
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    convs = workload.conversations
+    answers: list[list[str]] = [[] for _ in convs]
+    ids: dict[tuple[int, int], list[int]] = {}
+    before, seconds = _read(llm, method), 0.0
+    bar = tqdm(total=workload.num_requests, unit="req", leave=False, disable=not progress,
+               desc=f"{method.label} | {workload.dataset} | c={concurrency}")
+    for group in chunks(list(range(len(convs))), concurrency):
+        for turn in range(max(len(convs[i]) for i in group)):
+            idx = [i for i in group if turn < len(convs[i])]
+            prompts = [tok.apply_chat_template(messages_for(convs[i], answers[i]),
+                                               tokenize=False, add_generation_prompt=True)
+                       for i in idx]
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            seconds += time.perf_counter() - start
+            for i, out in zip(idx, outs):
+                answers[i].append(out.outputs[0].text)
+                ids[(i, turn)] = list(out.outputs[0].token_ids)
+            bar.update(len(idx))
+    bar.close()
+    outputs = [ids[(i, t)] for i in range(len(convs)) for t in range(len(convs[i]))]
+    tokens = sum(map(len, outputs))
+    after = _read(llm, method)
+    if method.kind == "ptd":
+        metrics = counters.ptd_metrics(before, after)
+    elif before is not None:
+        metrics = counters.vllm_metrics(before, after, tokens, len(outputs))
+    else:
+        metrics = counters.plain_metrics()
+    row = {"mode": "offline", "method": method.label, "kind": method.kind,
+           "dataset": workload.dataset, "concurrency": concurrency, "requests": len(outputs),
+           "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
+           **metrics, **compare(outputs, reference, workload)}
+    return row, outputs

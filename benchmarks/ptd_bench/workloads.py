@@ -1,0 +1,47 @@
+"""The paper's prompt sets as conversations: lists of user turns, answered in order.
+
+MT-Bench has two turns and turn 2 is asked after the model's own turn-1 answer, so a
+conversation's second prompt only exists once its first answer does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_ptd.datasets import first_user_turn, paper_subset
+
+# Column titles of the paper's tables.
+TITLES = {"mt_bench": "MT-Bench", "gsm8k": "GSM-100", "humaneval": "HumanEval",
+          "mbpp": "MBPP-100"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    dataset: str
+    conversations: list[list[str]]  # user turns per conversation
+
+    @property
+    def num_requests(self) -> int:
+        return sum(map(len, self.conversations))
+
+
+def load_workload(dataset: str, limit: int | None = None, seed: int = 0) -> Workload:
+    """The paper's subset of `dataset` (first `limit` conversations; None: all of it)."""
+    rows = paper_subset(dataset, seed)[:limit]
+    if dataset == "mt_bench":
+        convs = [list(r["turns"]) for r in rows]
+    else:
+        convs = [[first_user_turn(dataset, r)] for r in rows]
+    return Workload(dataset, convs)
+
+
+def messages_for(turns: list[str], answers: list[str]) -> list[dict]:
+    """Chat messages for the next turn: every earlier user turn followed by its answer."""
+    msgs = []
+    for user, answer in zip(turns, answers):
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    msgs.append({"role": "user", "content": turns[len(answers)]})
+    return msgs
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
