@@ -86,18 +86,3 @@ def read_kv(kv_cache: torch.Tensor, slots: torch.Tensor, layout: BlockLayout
     value = value_cache.reshape(num_blocks, num_kv_heads, span)[
         blocks, heads, layout.value_index[offsets][:, None, :]]
     return key, value
-
-
-def read_sequence(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int,
-                  layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of a request's first `length` tokens, block by block: [kv_heads, length, hs]."""
-    num_blocks, num_kv_heads, block_size, two_hs = kv_cache.shape
-    head_size = two_hs // 2
-    key_cache, value_cache = _split(kv_cache)
-    span = block_size * head_size
-    out = []
-    for cache, index in ((key_cache, layout.key_index), (value_cache, layout.value_index)):
-        spans = cache.reshape(num_blocks, num_kv_heads, span)[block_ids]  # [nb, H, span]
-        tokens = spans[:, :, index.reshape(-1)].view(-1, num_kv_heads, block_size, head_size)
-        out.append(tokens.transpose(0, 1).reshape(num_kv_heads, -1, head_size)[:, :length])
-    return out[0], out[1]

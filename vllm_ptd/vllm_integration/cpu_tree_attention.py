@@ -1,19 +1,178 @@
 """CPU attention backend that understands PTD trees.
 
 Rows without a tree keep vLLM's native CPU kernel (`cpu_attention_with_kv_cache`, causal).
-A PTD step runs that kernel for the whole batch, then recomputes the rows of each tree
-block with masked attention over the paged KV in PyTorch: the committed prefix fully visible,
-the block's own tokens per the tree mask. The native pass over tree rows is wasted work, but
-it keeps every non-tree row bit-identical to plain vLLM without splitting the batch.
+A step that carries trees runs that kernel only when some rows are outside every tree, then
+recomputes the tree rows with masked attention over the paged KV in PyTorch: the committed
+prefix fully visible, the block's own tokens per the tree mask.
+
+Every layer of a step sees the same block tables, sequence lengths and masks, so a
+`TreeStepPlan` is built once per step: flat gather indices into a layer's KV tensor (through
+the probed packing, see cpu_kv_layout), padded over the step's tree blocks, and an additive
+mask. Each layer then costs a fixed dozen tensor ops for all tree blocks together, whatever
+their number: a gather of whole KV blocks, two batched matmuls, a softmax and the copies
+around them.
+
+Keys past a request's length inside its last block, and padding, are hidden by a -inf bias;
+they must hold finite numbers, which vLLM guarantees (the KV cache is allocated zeroed and only
+ever holds the model's K/V).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_ptd.attention.tree_metadata import get_tree_attention_metadata
-from vllm_ptd.vllm_integration.cpu_kv_layout import probe_layout, read_sequence
+from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, get_tree_attention_metadata
+from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout, probe_layout
+
+
+def _packing(layout: BlockLayout, block_size: int, head_size: int) -> tuple[str, str] | None:
+    """("dim"|"token" for K, "token" for V) when the probed packing is a plain per-block
+    transpose or identity (vLLM's vec/vec16 ISAs); None for other packings (e.g. AMX)."""
+    t = torch.arange(block_size)[:, None]
+    d = torch.arange(head_size)[None, :]
+    token_major, dim_major = t * head_size + d, d * block_size + t
+    if not torch.equal(layout.value_index, token_major):
+        return None
+    if torch.equal(layout.key_index, dim_major):
+        return ("dim", "token")
+    if torch.equal(layout.key_index, token_major):
+        return ("token", "token")
+    return None
+
+
+@dataclass
+class TreeStepPlan:
+    """Gather indices and masks shared by every layer of one step (B tree blocks, padded to
+    n query rows and L keys each)."""
+
+    query_rows: torch.Tensor   # int64 [B * n]: batch row of each padded query
+    out_rows: torch.Tensor     # int64 [R]: batch rows to write (the real ones)
+    out_index: torch.Tensor    # int64 [R]: their position in the padded [B * n] order
+    bias: torch.Tensor         # float32 [B, 1, group * n, L]: 0 visible, -inf hidden
+    rows: int                  # n
+    keys: int                  # L
+    packing: tuple[str, str] | None
+    block_ids: torch.Tensor | None    # int64 [B * blocks]: whole KV blocks to gather
+    key_index: torch.Tensor | None    # int64 [B, kv_heads, head_size, L]: flat gather (no
+    value_index: torch.Tensor | None  # int64 [B, kv_heads, L, head_size]   plain packing)
+
+
+def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
+                    block_table: torch.Tensor, kv_shape: torch.Size, layout: BlockLayout,
+                    group: int) -> TreeStepPlan:
+    _, num_kv_heads, block_size, two_hs = kv_shape
+    head_size = two_hs // 2
+    blocks = tree.blocks
+    n = max(b.size for b in blocks)
+    lens = [int(seq_lens[b.req_index]) for b in blocks]
+    width = max(lens)
+    num = len(blocks)
+    packing = _packing(layout, block_size, head_size)
+    max_blocks = -(-width // block_size)
+
+    bias = torch.zeros(num, 1, group * n, width, dtype=torch.float32)
+    query_rows = torch.empty(num, n, dtype=torch.int64)
+    block_ids = torch.empty(num, max_blocks, dtype=torch.int64)
+    out_rows, out_index, flat_indices = [], [], []
+    for b, (blk, length) in enumerate(zip(blocks, lens)):
+        ids = block_table[blk.req_index, : -(-length // block_size)].long()
+        # Padding repeats the request's own first block and first query: finite data that
+        # the -inf bias hides and that is never written back.
+        block_ids[b] = ids[0]
+        block_ids[b, : ids.numel()] = ids
+        prefix = length - blk.size
+        visible = torch.zeros(n, width, dtype=torch.bool)
+        visible[: blk.size, :prefix] = True
+        visible[: blk.size, prefix:length] = blk.mask
+        visible[blk.size:, 0] = True
+        bias[b, 0] = torch.where(visible, 0.0, float("-inf")).repeat(group, 1)
+        query_rows[b] = blk.start
+        query_rows[b, : blk.size] = torch.arange(blk.start, blk.start + blk.size)
+        out_rows.append(torch.arange(blk.start, blk.start + blk.size))
+        out_index.append(torch.arange(b * n, b * n + blk.size))
+        if packing is None:
+            flat_indices.append(_flat_index(block_ids[b], layout, num_kv_heads, block_size,
+                                            head_size, width))
+    key_index = value_index = None
+    if packing is None:
+        key_index = torch.stack([k for k, _ in flat_indices])
+        value_index = torch.stack([v for _, v in flat_indices])
+    return TreeStepPlan(query_rows.view(-1), torch.cat(out_rows), torch.cat(out_index), bias,
+                        n, width, packing, block_ids.view(-1), key_index, value_index)
+
+
+def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
+    """Element indices of K ([H, hs, L]) and V ([H, L, hs]) in the flat KV tensor of a layer:
+    element (block, head, o) of [NB, H, bs, 2*hs] is at (block * H + head) * bs*2hs + o, with
+    K in the first bs*hs of each (block, head) span."""
+    span = block_size * 2 * head_size
+    pos = torch.arange(width)
+    base = block_ids[pos // block_size] * (num_kv_heads * span)        # [L]
+    heads = torch.arange(num_kv_heads) * span
+    offset = pos % block_size
+    keys = (base[:, None] + layout.key_index[offset]).T[None] + heads[:, None, None]
+    values = (base[:, None] + layout.value_index[offset] + block_size * head_size)[None]
+    return keys, values + heads[:, None, None]
+
+
+_plan_cache: tuple[object, tuple, TreeStepPlan] | None = None
+
+
+def _step_plan(tree, attn_metadata, kv_cache, layout, group) -> TreeStepPlan:
+    """The plan of this step; built by the first layer, reused by the others."""
+    global _plan_cache
+    key = (tuple(kv_cache.shape), group)
+    if _plan_cache is not None and _plan_cache[0] is tree and _plan_cache[1] == key:
+        return _plan_cache[2]
+    plan = build_step_plan(tree, attn_metadata.seq_lens, attn_metadata.block_table,
+                           kv_cache.shape, layout, group)
+    _plan_cache = (tree, key, plan)
+    return plan
+
+
+def _gather_kv(kv_cache: torch.Tensor, plan: TreeStepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """K as float32 [B, H, hs, L] and V as float32 [B, H, L, hs] of every planned block."""
+    _, num_kv_heads, block_size, two_hs = kv_cache.shape
+    head_size = two_hs // 2
+    num, width = plan.bias.shape[0], plan.keys
+    if plan.packing is None:
+        flat = kv_cache.view(-1)
+        return (torch.take(flat, plan.key_index).float(),
+                torch.take(flat, plan.value_index).float())
+    # Whole blocks are one contiguous copy each; the dtype conversion makes them contiguous
+    # float32, and the transposes below are cheap copies of that.
+    spans = kv_cache.index_select(0, plan.block_ids).float()
+    spans = spans.view(num, -1, num_kv_heads, 2, block_size * head_size)
+    nb = spans.shape[1]
+    if plan.packing[0] == "dim":
+        k = spans[:, :, :, 0].view(num, nb, num_kv_heads, head_size, block_size)
+        k = k.permute(0, 2, 3, 1, 4)
+    else:
+        k = spans[:, :, :, 0].view(num, nb, num_kv_heads, block_size, head_size)
+        k = k.permute(0, 2, 4, 1, 3)
+    k = k.reshape(num, num_kv_heads, head_size, nb * block_size)[..., :width]
+    v = spans[:, :, :, 1].view(num, nb, num_kv_heads, block_size, head_size)
+    v = v.permute(0, 2, 1, 3, 4).reshape(num, num_kv_heads, nb * block_size, head_size)
+    return k, v[:, :, :width]
+
+
+def tree_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, plan: TreeStepPlan,
+                        num_kv_heads: int, scale: float) -> torch.Tensor:
+    """Attention output of the plan's real rows: [R, num_heads * head_size], float32."""
+    num, n = plan.bias.shape[0], plan.rows
+    head_size = kv_cache.shape[3] // 2
+    group = plan.bias.shape[2] // n
+    q = query.view(query.shape[0], -1).index_select(0, plan.query_rows).float()
+    q = q.view(num, n, num_kv_heads, group, head_size).permute(0, 2, 3, 1, 4)
+    q = q.reshape(num, num_kv_heads, group * n, head_size).mul_(scale)
+    k, v = _gather_kv(kv_cache, plan)
+    scores = torch.matmul(q, k).add_(plan.bias)                 # [B, H, g*n, L]
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)         # [B, H, g*n, hs]
+    out = out.view(num, num_kv_heads, group, n, head_size).permute(0, 3, 1, 2, 4)
+    return out.reshape(num * n, -1).index_select(0, plan.out_index)
 
 
 class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
@@ -23,6 +182,8 @@ class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
         if tree is None or attn_metadata is None or not tree.blocks:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
+        # The KV write is a separate op in vLLM 0.32 (forward_includes_kv_cache_update is
+        # False), so the tree rows' own K/V are already in the cache here.
         if sum(b.size for b in tree.blocks) < attn_metadata.num_actual_tokens:
             # Rows outside any tree (prefill chunks, plain decodes) need the native kernel.
             super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
@@ -34,27 +195,10 @@ class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
             raise ValueError("PTD tree attention does not support fp8 KV cache or sinks on CPU")
         _, _, block_size, two_hs = kv_cache.shape
         layout = probe_layout(layer.isa, kv_cache.dtype, block_size, two_hs // 2)
-        seq_lens = attn_metadata.seq_lens
-        block_table = attn_metadata.block_table
-        group = self.num_heads // self.num_kv_heads
-        for blk in tree.blocks:
-            seq_len = int(seq_lens[blk.req_index])
-            prefix = seq_len - blk.size
-            num_blocks = (seq_len + block_size - 1) // block_size
-            k, v = read_sequence(kv_cache, block_table[blk.req_index, :num_blocks].long(),
-                                 seq_len, layout)                      # [kv_heads, L, hs]
-            # Queries grouped per KV head ([kv_heads, group * n, hs]) so GQA needs no K/V
-            # copies; plain matmuls beat SDPA with a mask here (measured ~1.5x on CPU).
-            n = blk.size
-            q = query[blk.start: blk.start + n].view(n, self.num_kv_heads, group, -1)
-            q = q.permute(1, 2, 0, 3).reshape(self.num_kv_heads, group * n, -1).to(k.dtype)
-            scores = torch.matmul(q, k.transpose(1, 2)).float().mul_(self.scale)
-            hidden = ~blk.mask.repeat(group, 1)
-            scores[:, :, prefix:].masked_fill_(hidden, float("-inf"))
-            out = torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [kv_heads, g*n, hs]
-            out = out.view(self.num_kv_heads, group, n, -1).permute(2, 0, 1, 3)
-            rows = output[blk.start: blk.start + n]
-            rows.copy_(out.reshape(rows.shape))
+        plan = _step_plan(tree, attn_metadata, kv_cache, layout,
+                          self.num_heads // self.num_kv_heads)
+        rows = tree_attention_rows(query, kv_cache, plan, self.num_kv_heads, self.scale)
+        output.view(output.shape[0], -1).index_copy_(0, plan.out_rows, rows.to(output.dtype))
         return output
 
 

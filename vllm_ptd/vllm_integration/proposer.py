@@ -50,6 +50,9 @@ class PTDProposer:
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
         self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
+        self.host_seconds = 0.0  # time in propose() (observe + draft), all requests
+        # accepted_by_depth[k]: verified request-steps that accepted at least k+1 drafts
+        self.accepted_by_depth = [0] * (self.config.max_nodes + 1)
         self._last_log = time.monotonic()
         self._logged = PTDStats()
 
@@ -70,8 +73,13 @@ class PTDProposer:
 
     def snapshot(self) -> dict:
         """Counters for tests, benchmarks and logs."""
+        steps = self.stats.steps
+        depth = self.accepted_by_depth
+        last = max((k for k, v in enumerate(depth) if v), default=-1)
         return {**self.stats.summary(), "live_states": self.num_live_states(),
-                "kv_moves": self.kv_moves, "fallbacks": self.fallbacks}
+                "kv_moves": self.kv_moves, "fallbacks": self.fallbacks,
+                "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
+                "accepted_by_depth": depth[: last + 1]}
 
     def blocker(self, req_id: str, params, rule) -> str | None:
         """`rule(params)`, cached per request: sampling params never change mid-request."""
@@ -100,6 +108,7 @@ class PTDProposer:
         [C; T] of the request's new tree (x itself is not a draft), or [] for no drafts.
         """
         runner = self.runner
+        started = time.perf_counter()
         drafts: list[list[int]] = []
         for index, req_id in enumerate(runner.input_batch.req_ids):
             sampled = sampled_token_ids[index]
@@ -116,6 +125,7 @@ class PTDProposer:
                 self.fallbacks += 1
                 self.forget(req_id)
                 drafts.append([])
+        self.host_seconds += time.perf_counter() - started
         self._maybe_log()
         return drafts
 
@@ -142,6 +152,8 @@ class PTDProposer:
             layout, result = record.layout, record.result
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
+            for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
+                self.accepted_by_depth[k] += 1
         self.pending.pop(req_id, None)
         if self.blocker(req_id, req_state.sampling_params, draft_blocker) is not None:
             return []

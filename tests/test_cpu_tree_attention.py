@@ -1,0 +1,93 @@
+"""The CPU backend's batched tree attention against a float64 dense reference, on a KV cache
+packed by vLLM's own CPU writer (whatever this machine's ISA packing is)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, TreeBlock
+from vllm_ptd.core.layout import TreeLayout
+from vllm_ptd.vllm_integration import cpu_tree_attention as cta
+from vllm_ptd.vllm_integration.cpu_kv_layout import probe_layout, write_kv
+from vllm_ptd.vllm_integration.cpu_tree_attention import build_step_plan, tree_attention_rows
+
+
+def _random_layout(n: int, rng: np.random.Generator) -> TreeLayout:
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], dtype=np.int32)
+    depths = np.zeros(n, dtype=np.int32)
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    return TreeLayout(np.arange(n, dtype=np.int64), parents, depths, n - 1)
+
+
+@pytest.mark.parametrize("generic_packing", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_packing,
+                                                        monkeypatch) -> None:
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    kv_heads, group, head_size, block_size, num_blocks = 3, 3, 64, 16, 40
+    isa = _get_attn_isa(dtype, block_size, head_size, "auto")
+    layout = probe_layout(isa, dtype, block_size, head_size)
+    # Unwritten slots hold large finite garbage (vLLM's cache is zero-allocated and only
+    # holds model K/V, so never NaN): any of it leaking into a row shows up in the result.
+    cache = (torch.randn(num_blocks, kv_heads, block_size, 2 * head_size, generator=gen)
+             * 1e3).to(dtype)
+    # Three requests (the middle one without a tree), non-contiguous shuffled blocks.
+    sizes, prefixes = [7, 4, 13], [37, 20, 16]
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.zeros(3, 8, dtype=torch.int32)
+    keys, values, blocks, seq_lens, start = [], [], [], [], 0
+    used = 0
+    for r, (n, prefix) in enumerate(zip(sizes, prefixes)):
+        length = prefix + n
+        nb = -(-length // block_size)
+        block_table[r, :nb] = perm[used: used + nb]
+        used += nb
+        k = torch.randn(length, kv_heads, head_size, generator=gen).to(dtype)
+        v = torch.randn(length, kv_heads, head_size, generator=gen).to(dtype)
+        pos = torch.arange(length)
+        slots = block_table[r, pos // block_size].long() * block_size + pos % block_size
+        write_kv(cache, k, v, slots, isa)
+        keys.append(k)
+        values.append(v)
+        seq_lens.append(length)
+        if r != 1:
+            lay = _random_layout(n, rng)
+            blocks.append((TreeBlock(r, start, n, torch.from_numpy(lay.ancestor_mask())), lay))
+        start += n
+    total = start
+    query = torch.randn(total, kv_heads * group * head_size, generator=gen).to(dtype)
+    tree = TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None,
+                                 [b for b, _ in blocks])
+    if generic_packing:  # the flat-index path used for packings other than vec/vec16
+        monkeypatch.setattr(cta, "_packing", lambda *args: None)
+    plan = build_step_plan(tree, torch.tensor(seq_lens), block_table, cache.shape, layout,
+                           group)
+    assert (plan.packing is None) == generic_packing
+    scale = head_size ** -0.5
+    got = tree_attention_rows(query, cache, plan, kv_heads, scale)
+
+    expected_rows = []
+    for blk, _lay in blocks:
+        r, n = blk.req_index, blk.size
+        length = seq_lens[r]
+        visible = torch.ones(n, length, dtype=torch.bool)
+        visible[:, length - n:] = blk.mask
+        q = query[blk.start: blk.start + n].double().view(n, kv_heads, group, head_size)
+        k, v = keys[r].double(), values[r].double()
+        s = torch.einsum("nhgd,lhd->nhgl", q, k) * scale
+        s = s.masked_fill(~visible[:, None, None, :], float("-inf"))
+        out = torch.einsum("nhgl,lhd->nhgd", s.softmax(-1), v)
+        expected_rows.append(out.reshape(n, -1))
+    expected = torch.cat(expected_rows)
+    assert got.shape == expected.shape
+    assert torch.equal(plan.out_rows, torch.cat([torch.arange(b.start, b.start + b.size)
+                                                 for b, _ in blocks]))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
