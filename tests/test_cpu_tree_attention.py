@@ -22,16 +22,17 @@ def _random_layout(n: int, rng: np.random.Generator) -> TreeLayout:
     return TreeLayout(np.arange(n, dtype=np.int64), parents, depths, n - 1)
 
 
+@pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("generic_packing", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_packing,
-                                                        monkeypatch) -> None:
+                                                        block_size, monkeypatch) -> None:
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
-    kv_heads, group, head_size, block_size, num_blocks = 3, 3, 64, 16, 40
+    kv_heads, group, head_size, num_blocks = 3, 3, 64, 40
     isa = _get_attn_isa(dtype, block_size, head_size, "auto")
     layout = probe_layout(isa, dtype, block_size, head_size)
     # Unwritten slots hold large finite garbage (vLLM's cache is zero-allocated and only
@@ -39,9 +40,10 @@ def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_pac
     cache = (torch.randn(num_blocks, kv_heads, block_size, 2 * head_size, generator=gen)
              * 1e3).to(dtype)
     # Three requests (the middle one without a tree), non-contiguous shuffled blocks.
-    sizes, prefixes = [7, 4, 13], [37, 20, 16]
+    sizes = [7, 4, 13]
+    prefixes = [37, 20, 16] if block_size == 16 else [300, 20, 128]
     perm = torch.randperm(num_blocks, generator=gen)
-    block_table = torch.zeros(3, 8, dtype=torch.int32)
+    block_table = torch.zeros(3, 24, dtype=torch.int32)
     keys, values, blocks, seq_lens, start = [], [], [], [], 0
     used = 0
     for r, (n, prefix) in enumerate(zip(sizes, prefixes)):
@@ -66,7 +68,7 @@ def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_pac
     tree = TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None,
                                  [b for b, _ in blocks])
     if generic_packing:  # the flat-index path used for packings other than vec/vec16
-        monkeypatch.setattr(cta, "_packing", lambda *args: None)
+        monkeypatch.setattr(cta, "_packing", lambda layout: None)
     plan = build_step_plan(tree, torch.tensor(seq_lens), block_table, cache.shape, layout,
                            group)
     assert (plan.packing is None) == generic_packing
@@ -91,3 +93,19 @@ def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_pac
                                                  for b, _ in blocks]))
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_every_cpu_packing_of_this_machine_unpacks_by_permutation(dtype, block_size, head_size):
+    """The fast path (whole-block gathers) must cover the packings vLLM picks here; the
+    description is verified element by element against the probe inside span_permutation."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from vllm_ptd.vllm_integration.cpu_kv_layout import span_permutation
+
+    isa = _get_attn_isa(dtype, block_size, head_size, "auto")
+    layout = probe_layout(isa, dtype, block_size, head_size)
+    assert span_permutation(layout.key_index, token_major=False) is not None, isa
+    assert span_permutation(layout.value_index, token_major=True) is not None, isa

@@ -86,3 +86,58 @@ def read_kv(kv_cache: torch.Tensor, slots: torch.Tensor, layout: BlockLayout
     value = value_cache.reshape(num_blocks, num_kv_heads, span)[
         blocks, heads, layout.value_index[offsets][:, None, :]]
     return key, value
+
+
+@dataclass(frozen=True)
+class SpanPermutation:
+    """A packing that is a pure reordering of index bits: the span viewed as `shape` and
+    permuted by `perm` gives the tensor in [outer, inner] order (token-major [bs, hs] or
+    dim-major [hs, bs]); `outer_axes` of the permuted axes make up the outer dimension."""
+
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    outer_axes: int
+
+
+def span_permutation(index: torch.Tensor, token_major: bool) -> SpanPermutation | None:
+    """Describe a probed packing (`index[t, d]` = offset in the span) as a reshape + permute,
+    or None when it is not one. All of vLLM 0.32's CPU packings (vec, vec16 and AMX's VNNI
+    tiles) are bit permutations of (token, dim) when block and head sizes are powers of two;
+    the result is verified against `index` in full before it is used."""
+    block_size, head_size = index.shape
+    t_bits, d_bits = block_size.bit_length() - 1, head_size.bit_length() - 1
+    if 1 << t_bits != block_size or 1 << d_bits != head_size:
+        return None
+    total = t_bits + d_bits
+    # Output bit position of every input bit (token bits, then dim bits; LSB first).
+    unit = [int(index[1 << i, 0]) for i in range(t_bits)]
+    unit += [int(index[0, 1 << j]) for j in range(d_bits)]
+    if int(index[0, 0]) != 0 or any(u <= 0 or u & (u - 1) for u in unit):
+        return None
+    out_bit = [u.bit_length() - 1 for u in unit]
+    if sorted(out_bit) != list(range(total)):
+        return None
+    token_bits = [out_bit[i] for i in reversed(range(t_bits))]          # MSB first
+    dim_bits = [out_bit[t_bits + j] for j in reversed(range(d_bits))]
+    wanted = token_bits + dim_bits if token_major else dim_bits + token_bits
+    # Span viewed as [2] * total: axis k holds output bit total - 1 - k.
+    perm = [total - 1 - b for b in wanted]
+    # Merge runs of consecutive source axes into single axes, never across the boundary
+    # between the outer and inner dimension.
+    outer_len = t_bits if token_major else d_bits
+    runs: list[list[int]] = []
+    for k, axis in enumerate(perm):
+        if runs and k != outer_len and axis == runs[-1][-1] + 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    outer_axes = sum(1 for r in runs if perm.index(r[0]) < outer_len)
+    order = sorted(range(len(runs)), key=lambda r: runs[r][0])
+    shape = tuple(2 ** len(runs[r]) for r in order)
+    merged_perm = tuple(order.index(r) for r in range(len(runs)))
+    result = SpanPermutation(shape, merged_perm, outer_axes)
+    codes = torch.arange(block_size * head_size).view(shape).permute(merged_perm)
+    expected = index if token_major else index.T
+    if not torch.equal(codes.reshape(expected.shape), expected):
+        return None
+    return result

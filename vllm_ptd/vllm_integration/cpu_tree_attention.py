@@ -19,28 +19,26 @@ ever holds the model's K/V).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, get_tree_attention_metadata
-from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout, probe_layout
+from vllm_ptd.vllm_integration.cpu_kv_layout import (
+    BlockLayout,
+    SpanPermutation,
+    probe_layout,
+    span_permutation,
+)
 
 
-def _packing(layout: BlockLayout, block_size: int, head_size: int) -> tuple[str, str] | None:
-    """("dim"|"token" for K, "token" for V) when the probed packing is a plain per-block
-    transpose or identity (vLLM's vec/vec16 ISAs); None for other packings (e.g. AMX)."""
-    t = torch.arange(block_size)[:, None]
-    d = torch.arange(head_size)[None, :]
-    token_major, dim_major = t * head_size + d, d * block_size + t
-    if not torch.equal(layout.value_index, token_major):
-        return None
-    if torch.equal(layout.key_index, dim_major):
-        return ("dim", "token")
-    if torch.equal(layout.key_index, token_major):
-        return ("token", "token")
-    return None
+def _packing(layout: BlockLayout) -> tuple[SpanPermutation, SpanPermutation] | None:
+    """K as dim-major and V as token-major reorderings of a block-head span, when the probed
+    packing allows it (every vLLM 0.32 CPU packing does); None falls back to flat gathers."""
+    key = span_permutation(layout.key_index, token_major=False)
+    value = span_permutation(layout.value_index, token_major=True)
+    return None if key is None or value is None else (key, value)
 
 
 @dataclass
@@ -53,11 +51,20 @@ class TreeStepPlan:
     out_index: torch.Tensor    # int64 [R]: their position in the padded [B * n] order
     bias: torch.Tensor         # float32 [B, 1, group * n, L]: 0 visible, -inf hidden
     rows: int                  # n
-    keys: int                  # L
-    packing: tuple[str, str] | None
+    keys: int                  # L: whole blocks, so that K and V need no slicing
+    packing: tuple[SpanPermutation, SpanPermutation] | None
     block_ids: torch.Tensor | None    # int64 [B * blocks]: whole KV blocks to gather
     key_index: torch.Tensor | None    # int64 [B, kv_heads, head_size, L]: flat gather (no
     value_index: torch.Tensor | None  # int64 [B, kv_heads, L, head_size]   plain packing)
+    # Work buffers reused by every layer of the step: fresh allocations of this size cost
+    # page faults on every layer, more than the arithmetic.
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def buffer(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+        buf = self.scratch.get(name)
+        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
+            buf = self.scratch[name] = torch.empty(shape, dtype=dtype)
+        return buf
 
 
 def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
@@ -68,10 +75,10 @@ def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
     blocks = tree.blocks
     n = max(b.size for b in blocks)
     lens = [int(seq_lens[b.req_index]) for b in blocks]
-    width = max(lens)
     num = len(blocks)
-    packing = _packing(layout, block_size, head_size)
-    max_blocks = -(-width // block_size)
+    packing = _packing(layout)
+    max_blocks = -(-max(lens) // block_size)
+    width = max_blocks * block_size
 
     bias = torch.zeros(num, 1, group * n, width, dtype=torch.float32)
     query_rows = torch.empty(num, n, dtype=torch.int64)
@@ -142,21 +149,30 @@ def _gather_kv(kv_cache: torch.Tensor, plan: TreeStepPlan) -> tuple[torch.Tensor
         flat = kv_cache.view(-1)
         return (torch.take(flat, plan.key_index).float(),
                 torch.take(flat, plan.value_index).float())
-    # Whole blocks are one contiguous copy each; the dtype conversion makes them contiguous
-    # float32, and the transposes below are cheap copies of that.
-    spans = kv_cache.index_select(0, plan.block_ids).float()
+    # Whole blocks are one contiguous copy each; one permuting copy per K and V then
+    # unpacks them (and converts to float32).
+    spans = plan.buffer("spans", (plan.block_ids.numel(), *kv_cache.shape[1:]), kv_cache.dtype)
+    torch.index_select(kv_cache, 0, plan.block_ids, out=spans)
     spans = spans.view(num, -1, num_kv_heads, 2, block_size * head_size)
-    nb = spans.shape[1]
-    if plan.packing[0] == "dim":
-        k = spans[:, :, :, 0].view(num, nb, num_kv_heads, head_size, block_size)
-        k = k.permute(0, 2, 3, 1, 4)
+    key_perm, value_perm = plan.packing
+    k = _unpack(plan, "k", spans[:, :, :, 0], key_perm, blocks_inside=True)
+    v = _unpack(plan, "v", spans[:, :, :, 1], value_perm, blocks_inside=False)
+    return (k.view(num, num_kv_heads, head_size, width),
+            v.view(num, num_kv_heads, width, head_size))
+
+
+def _unpack(plan: TreeStepPlan, name: str, spans: torch.Tensor, perm: SpanPermutation,
+            blocks_inside: bool) -> torch.Tensor:
+    """[B, nb, H, span] -> float32 [B, H, outer, nb, inner] (blocks_inside: K as [hs, L]) or
+    [B, H, nb, outer, inner] (V as [L, hs]), contiguous."""
+    num, nb, heads, _ = spans.shape
+    axes = [3 + a for a in perm.perm]
+    if blocks_inside:
+        order = [0, 2, *axes[: perm.outer_axes], 1, *axes[perm.outer_axes:]]
     else:
-        k = spans[:, :, :, 0].view(num, nb, num_kv_heads, block_size, head_size)
-        k = k.permute(0, 2, 4, 1, 3)
-    k = k.reshape(num, num_kv_heads, head_size, nb * block_size)[..., :width]
-    v = spans[:, :, :, 1].view(num, nb, num_kv_heads, block_size, head_size)
-    v = v.permute(0, 2, 1, 3, 4).reshape(num, num_kv_heads, nb * block_size, head_size)
-    return k, v[:, :, :width]
+        order = [0, 2, 1, *axes]
+    view = spans.view(num, nb, heads, *perm.shape).permute(order)
+    return plan.buffer(name, view.shape, torch.float32).copy_(view)
 
 
 def tree_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, plan: TreeStepPlan,
@@ -169,8 +185,11 @@ def tree_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, plan: TreeS
     q = q.view(num, n, num_kv_heads, group, head_size).permute(0, 2, 3, 1, 4)
     q = q.reshape(num, num_kv_heads, group * n, head_size).mul_(scale)
     k, v = _gather_kv(kv_cache, plan)
-    scores = torch.matmul(q, k).add_(plan.bias)                 # [B, H, g*n, L]
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)         # [B, H, g*n, hs]
+    scores = plan.buffer("scores", plan.bias.shape[:1] + (num_kv_heads,) + plan.bias.shape[2:],
+                         torch.float32)
+    torch.matmul(q, k, out=scores).add_(plan.bias)               # [B, H, g*n, L]
+    torch.softmax(scores, dim=-1, out=scores)
+    out = torch.matmul(scores, v)                                # [B, H, g*n, hs]
     out = out.view(num, num_kv_heads, group, n, head_size).permute(0, 3, 1, 2, 4)
     return out.reshape(num * n, -1).index_select(0, plan.out_index)
 
