@@ -31,6 +31,23 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
             "left unused by T goes back to C"
         ),
     ),
+    "context_ngram": (
+        int,
+        0,
+        16,
+        (
+            "longest suffix n-gram looked up in the request's own context for extra candidates "
+            "merged into C (0: the paper's pure pool)"
+        ),
+    ),
+    "context_min_ngram": (
+        int,
+        1,
+        16,
+        "shortest suffix n-gram that may match when no longer one does (at most context_ngram)",
+    ),
+    "context_matches": (int, 1, 64, "earlier occurrences of the matched n-gram used"),
+    "context_depth": (int, 1, 64, "tokens taken after each occurrence"),
     "seed": (int, 0, 2**63 - 1, "seed of the draft-tree seeding RNG (mixed with the prompt)"),
 }
 
@@ -45,11 +62,20 @@ class PTDConfig:
     pool_cap: int = 60
     max_nodes: int = 64
     max_candidate_nodes: int = 32
+    context_ngram: int = 4
+    context_min_ngram: int = 2
+    context_matches: int = 4
+    context_depth: int = 8
     seed: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             _check(f.name, getattr(self, f.name))
+        if self.context_ngram and self.context_min_ngram > self.context_ngram:
+            raise ValueError(
+                f"PTD config key 'context_min_ngram' must be at most context_ngram "
+                f"({self.context_ngram}), got {self.context_min_ngram}"
+            )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PTDConfig:

@@ -108,8 +108,9 @@ def generate_ptd(
     state = PTDRequestState(config, prompt, stop_token_ids)
     cache, x, p = _prefill(model, prompt)
     out: list[int] = []
+    committed: list[int] = []  # x is the prompt's last token: already in the context
     while len(out) < max_new_tokens and not (out and out[-1] in stop_token_ids):
-        layout = state.propose(x)
+        layout = state.propose(x, committed=committed)
         n = len(layout)
         logits = model.forward(
             torch.from_numpy(layout.tokens),
@@ -129,4 +130,5 @@ def generate_ptd(
         out.extend(res.tokens)
         p += 1 + len(res.accepted)
         x = res.bonus
+        committed = res.tokens
     return GenerationResult(tokens=out, stats=state.stats)

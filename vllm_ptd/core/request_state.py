@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from vllm_ptd.config import PTDConfig
+from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
+from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.layout import TreeLayout, flatten_draft_tree, make_layout, split_budget
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.pool import DraftPool
@@ -56,22 +58,44 @@ class PTDRequestState:
         if seed is not None:
             base = prompt_seed(base % 2**63, [seed])
         self.tree.seed_from_prompt(prompt_token_ids, random.Random(base))
+        self.context: ContextIndex | None = None
+        if config.context_ngram > 0:
+            self.context = ContextIndex(config.context_ngram, config.context_min_ngram)
+            self.context.extend(prompt_token_ids)
         self.stats = PTDStats()
         # What the last propose() returned, to map rows back to T nodes in observe().
         self._t_nodes: list[Node] = []
         self._proposed_len = 0
         self._proposed_nc = 0
 
-    def propose(self, x: int, budget: int | None = None) -> TreeLayout:
-        """Layout [x; C; T] with C = P[x] and T the draft tree, trimmed to `budget` rows besides
-        x (default config.max_nodes) by the policy in `layout.split_budget`. Rows of C and T are
-        DFS prefixes of their trees, so the result is a valid tree for any budget."""
+    def propose(self, x: int, budget: int | None = None,
+                committed: Sequence[int] | None = None) -> TreeLayout:
+        """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
+        draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
+        in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
+        result is a valid tree for any budget.
+
+        committed: the tokens committed since the last call, ending with x (default [x]);
+        they extend the context index.
+        """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
-        nc, nt = split_budget(
-            self.pool.size(x), self.tree.num_nodes(), budget, cfg.max_candidate_nodes
-        )
-        c_rows = self.pool.flatten(x, nc)
+        c_rows = ([], [], [])
+        if self.context is not None:
+            self.context.extend([x] if committed is None else committed)
+            if self.context.tokens[-1] != x:
+                raise ValueError(f"context history ends with {self.context.tokens[-1]}, not x={x}")
+            found = self.context.continuations(cfg.context_depth, cfg.context_matches)
+            if found:
+                trie = self.pool.tries.get(x)
+                merged = merge_with_pool(found, {} if trie is None else trie.root)
+                c_rows = flatten_trie(merged, budget)
+        num_c = len(c_rows[0]) if c_rows[0] else self.pool.size(x)
+        nc, nt = split_budget(num_c, self.tree.num_nodes(), budget, cfg.max_candidate_nodes)
+        if c_rows[0]:
+            c_rows = tuple(rows[:nc] for rows in c_rows)
+        else:
+            c_rows = self.pool.flatten(x, nc)
         tt, tp, td, nodes = flatten_draft_tree(self.tree.roots, offset=nc + 1, limit=nt)
         layout = make_layout(x, c_rows, (tt, tp, td))
         self._t_nodes = nodes

@@ -117,8 +117,9 @@ class PTDProposer:
                 continue
             req_state = runner.requests[req_id]
             try:
-                drafts.append(self._propose_one(req_id, req_state, sampled,
-                                                int(num_tokens_no_spec[index])))
+                num_tokens = int(num_tokens_no_spec[index])
+                drafts.append(self._propose_one(req_id, req_state, sampled, num_tokens,
+                                                token_ids_cpu[index, :num_tokens]))
             except Exception:  # never take the engine down: fall back to plain decoding
                 logger.exception("PTD drafting failed for request %s; it continues without "
                                  "drafts", req_id)
@@ -143,8 +144,9 @@ class PTDProposer:
         self._last_log = now
         self._logged = PTDStats(**vars(s))
 
-    def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int
-                     ) -> list[int]:
+    def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int,
+                     history: np.ndarray) -> list[int]:
+        """history: the request's prompt and committed tokens, x last (the runner's row)."""
         state = self._state_for(req_id, req_state)
         record = self.records.pop(req_id, None)
         if record is not None:
@@ -161,7 +163,10 @@ class PTDProposer:
         budget = min(self.config.max_nodes, self.max_model_len - num_tokens)
         if budget <= 0:
             return []
-        layout = state.propose(sampled[-1], budget)
+        # The context index catches up from the runner's own token row, which also covers
+        # a resumed request and steps verified outside PTD.
+        known = len(state.context) if state.context is not None else num_tokens - 1
+        layout = state.propose(sampled[-1], budget, committed=history[known:].tolist())
         if len(layout) <= 1:
             return []
         self.pending[req_id] = layout
