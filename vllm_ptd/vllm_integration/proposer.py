@@ -49,6 +49,9 @@ class PTDProposer:
         self.stats = PTDStats()
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
+        # Fault injection for tests (set through introspection.inject_ptd_faults): the next
+        # `count` per-request calls of that stage ("propose" or "verify") raise.
+        self.injected_faults: dict[str, int] = {}
         self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
         self.host_seconds = 0.0  # time in propose() (observe + draft), all requests
         # accepted_by_depth[k]: verified request-steps that accepted at least k+1 drafts
@@ -67,6 +70,21 @@ class PTDProposer:
         self.states.pop(req_id, None)
         self.pending.pop(req_id, None)
         self.records.pop(req_id, None)
+
+    def fall_back(self, req_id: str, stage: str) -> None:
+        """After an internal error: drop the request's PTD state and serve it by plain
+        decoding until it ends (logged with the traceback, counted in `fallbacks`)."""
+        logger.exception("PTD %s failed for request %s; it continues without drafts",
+                         stage, req_id)
+        self.fallbacks += 1
+        self.forget(req_id)
+        self.blockers[req_id] = f"PTD {stage} failed"
+
+    def maybe_inject_fault(self, stage: str) -> None:
+        left = self.injected_faults.get(stage, 0)
+        if left > 0:
+            self.injected_faults[stage] = left - 1
+            raise RuntimeError(f"injected PTD fault ({stage})")
 
     def num_live_states(self) -> int:
         return len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
@@ -120,11 +138,8 @@ class PTDProposer:
                 num_tokens = int(num_tokens_no_spec[index])
                 drafts.append(self._propose_one(req_id, req_state, sampled, num_tokens,
                                                 token_ids_cpu[index, :num_tokens]))
-            except Exception:  # never take the engine down: fall back to plain decoding
-                logger.exception("PTD drafting failed for request %s; it continues without "
-                                 "drafts", req_id)
-                self.fallbacks += 1
-                self.forget(req_id)
+            except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
+                self.fall_back(req_id, "drafting")
                 drafts.append([])
         self.host_seconds += time.perf_counter() - started
         self._maybe_log()
@@ -147,6 +162,7 @@ class PTDProposer:
     def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int,
                      history: np.ndarray) -> list[int]:
         """history: the request's prompt and committed tokens, x last (the runner's row)."""
+        self.maybe_inject_fault("propose")
         state = self._state_for(req_id, req_state)
         record = self.records.pop(req_id, None)
         if record is not None:

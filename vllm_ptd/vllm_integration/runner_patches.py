@@ -183,10 +183,22 @@ def make_sample(original):
             n = len(tree.layout)
             first = int(cu_sampled[tree.req_index]) - n
             node_argmax = argmax[first:first + n]
-            verdict = verify_greedy(tree.layout, node_argmax)
+            try:
+                drafter.maybe_inject_fault("verify")
+                verdict = verify_greedy(tree.layout, node_argmax)
+            except Exception:  # noqa: BLE001 (logged in fall_back)
+                # Never take the engine down: x's own argmax is the plain-decoding token
+                # (tree requests are greedy), so commit just that and drop the tree.
+                drafter.fall_back(req_id, "verification")
+                tokens = [int(node_argmax[0])]
+                verdict = None
+            else:
+                tokens = verdict.tokens
             row = torch.full((sampled.shape[1],), -1, dtype=sampled.dtype)
-            row[: len(verdict.tokens)] = torch.tensor(verdict.tokens, dtype=sampled.dtype)
+            row[: len(tokens)] = torch.tensor(tokens, dtype=sampled.dtype)
             sampled[tree.req_index] = row.to(sampled.device)
+            if verdict is None:
+                continue
             for k, node in enumerate(verdict.accepted, start=1):
                 if node != k:  # already in place when the path is the DFS prefix
                     src.append(tree.slots[node])

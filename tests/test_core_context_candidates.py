@@ -1,0 +1,94 @@
+"""Context n-gram retrieval and its merge with the pool into the candidate tree C."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_ptd.config import PTDConfig
+from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
+from vllm_ptd.core.context_index import ContextIndex
+from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.verify import verify_greedy
+
+
+def test_longest_suffix_match_wins_and_continuations_are_what_followed() -> None:
+    idx = ContextIndex(max_n=3, min_n=1)
+    # "1 2 3 9" and "5 2 3 7" occurred; the history ends with "1 2 3": the 3-gram matches
+    # only the first occurrence, so its continuation (9 ...) is the only candidate.
+    idx.extend([1, 2, 3, 9, 8, 5, 2, 3, 7, 6, 1, 2, 3])
+    assert idx.continuations(max_depth=2, max_matches=4) == {9: {8: {}}}
+
+
+def test_shorter_ngram_used_when_no_longer_one_matched_and_counts_order_children() -> None:
+    idx = ContextIndex(max_n=3, min_n=1)
+    idx.extend([4, 7, 0, 4, 8, 0, 4, 7, 0, 9, 4])
+    # Only the unigram "4" has earlier occurrences: followed by 7, 8, 7 -> 7 first (2 votes).
+    found = idx.continuations(max_depth=1, max_matches=8)
+    assert list(found) == [7, 8]
+
+
+def test_min_n_refuses_weak_matches() -> None:
+    idx = ContextIndex(max_n=3, min_n=2)
+    idx.extend([4, 7, 0, 9, 4])
+    assert idx.continuations(max_depth=3, max_matches=4) == {}
+
+
+def test_continuations_never_include_the_current_position_and_stop_at_the_end() -> None:
+    idx = ContextIndex(max_n=2, min_n=1)
+    idx.extend([3, 3, 3])
+    # Earlier "3 3" ended at position 1; what followed is the single 3 at position 2.
+    assert idx.continuations(max_depth=5, max_matches=4) == {3: {}}
+
+
+def test_bad_ngram_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_n"):
+        ContextIndex(max_n=2, min_n=3)
+
+
+def test_merge_puts_context_first_shares_prefixes_then_pool_newest_first() -> None:
+    context = {5: {6: {}}, 9: {}}
+    pool = {1: {}, 5: {7: {}}, 2: {}}  # insertion order: oldest first
+    merged = merge_with_pool(context, pool)
+    assert list(merged) == [5, 9, 2, 1]
+    assert list(merged[5]) == [6, 7]
+    tokens, parents, depths = flatten_trie(merged, limit=10)
+    assert tokens == [5, 6, 7, 9, 2, 1]
+    assert parents == [0, 1, 1, 0, 0, 0]
+    assert depths == [1, 2, 2, 1, 1, 1]
+    assert flatten_trie(merged, limit=3)[0] == [5, 6, 7]
+
+
+def test_request_state_drafts_a_repeated_phrase_from_its_context() -> None:
+    """A phrase seen in the prompt is drafted in C right after its first tokens reappear,
+    and greedy verification accepts it when the target repeats it."""
+    phrase = [11, 12, 13, 14, 15, 16]
+    prompt = [1, 2, *phrase, 3, 4, 11]
+    cfg = PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
+                    max_candidate_nodes=12)
+    state = PTDRequestState(cfg, prompt, frozenset())
+    layout = state.propose(12, committed=[12])  # history ends "... 11 12"
+    c_tokens = layout.tokens[1: 1 + layout.num_candidates].tolist()
+    assert c_tokens[:4] == [13, 14, 15, 16]
+    # Target agrees with the phrase: argmax at x and along the C path continues it.
+    argmax = np.zeros(len(layout), dtype=np.int64)
+    argmax[0] = 13
+    for row, nxt in zip(range(1, 4), [14, 15, 16]):
+        argmax[row] = nxt
+    argmax[4] = 99  # then it diverges from the prompt: 99 is the bonus
+    result = verify_greedy(layout, argmax)
+    assert result.tokens == [13, 14, 15, 16, 99]
+
+
+def test_pure_mode_has_no_context_and_matches_the_pool_order() -> None:
+    cfg = PTDConfig(context_ngram=0)
+    state = PTDRequestState(cfg, [1, 2, 3, 1, 2], frozenset())
+    assert state.context is None
+    layout = state.propose(2)
+    assert layout.num_candidates == 0
+
+
+def test_history_must_end_with_x() -> None:
+    state = PTDRequestState(PTDConfig(), [1, 2, 3], frozenset())
+    with pytest.raises(ValueError, match="not x"):
+        state.propose(9, committed=[4])
