@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--ptd", nargs="+", default=["{}"], metavar="[LABEL=]JSON",
-                   help="PTD configs, one row each (default: '{}', the paper's defaults)")
+                   help="PTD configs, one row each (default: '{}', PTD's defaults for the platform)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests (or server clients) at once; 1 is batch 1, e.g. 1 4 16 32")
     p.add_argument("--compile", action="store_true",
