@@ -27,7 +27,7 @@ def _random_layout(n: int, rng: np.random.Generator) -> TreeLayout:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_packing,
-                                                        block_size, monkeypatch) -> None:
+                                                        block_size) -> None:
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     rng = np.random.default_rng(seed)
@@ -67,10 +67,10 @@ def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_pac
     query = torch.randn(total, kv_heads * group * head_size, generator=gen).to(dtype)
     tree = TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None,
                                  [b for b, _ in blocks])
-    if generic_packing:  # the flat-index path used for packings other than vec/vec16
-        monkeypatch.setattr(cta, "_packing", lambda layout: None)
+    # generic: the flat-index path, used for packings that are not bit permutations
+    packing = None if generic_packing else cta._packing(layout)
     plan = build_step_plan(tree, torch.tensor(seq_lens), block_table, cache.shape, layout,
-                           group)
+                           group, packing)
     assert (plan.packing is None) == generic_packing
     scale = head_size ** -0.5
     got = tree_attention_rows(query, cache, plan, kv_heads, scale)

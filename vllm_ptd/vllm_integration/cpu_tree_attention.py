@@ -20,6 +20,7 @@ ever holds the model's K/V).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
@@ -35,7 +36,8 @@ from vllm_ptd.vllm_integration.cpu_kv_layout import (
 
 def _packing(layout: BlockLayout) -> tuple[SpanPermutation, SpanPermutation] | None:
     """K as dim-major and V as token-major reorderings of a block-head span, when the probed
-    packing allows it (every vLLM 0.32 CPU packing does); None falls back to flat gathers."""
+    packing allows it (every vLLM 0.32 CPU packing does); None falls back to flat gathers.
+    Derived once per probed layout (see `_layout_and_packing`), not per step."""
     key = span_permutation(layout.key_index, token_major=False)
     value = span_permutation(layout.value_index, token_major=True)
     return None if key is None or value is None else (key, value)
@@ -67,16 +69,24 @@ class TreeStepPlan:
         return buf
 
 
+@lru_cache(maxsize=16)
+def _layout_and_packing(isa: str, dtype: torch.dtype, block_size: int, head_size: int
+                        ) -> tuple[BlockLayout, tuple[SpanPermutation, SpanPermutation] | None]:
+    layout = probe_layout(isa, dtype, block_size, head_size)
+    return layout, _packing(layout)
+
+
 def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
                     block_table: torch.Tensor, kv_shape: torch.Size, layout: BlockLayout,
-                    group: int) -> TreeStepPlan:
+                    group: int, packing: tuple[SpanPermutation, SpanPermutation] | None
+                    ) -> TreeStepPlan:
+    """packing: `_packing(layout)`, or None to gather through flat element indices."""
     _, num_kv_heads, block_size, two_hs = kv_shape
     head_size = two_hs // 2
     blocks = tree.blocks
     n = max(b.size for b in blocks)
     lens = [int(seq_lens[b.req_index]) for b in blocks]
     num = len(blocks)
-    packing = _packing(layout)
     max_blocks = -(-max(lens) // block_size)
     width = max_blocks * block_size
 
@@ -128,14 +138,16 @@ def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
 _plan_cache: tuple[object, tuple, TreeStepPlan] | None = None
 
 
-def _step_plan(tree, attn_metadata, kv_cache, layout, group) -> TreeStepPlan:
+def _step_plan(tree, attn_metadata, kv_cache, isa, group) -> TreeStepPlan:
     """The plan of this step; built by the first layer, reused by the others."""
     global _plan_cache
     key = (tuple(kv_cache.shape), group)
     if _plan_cache is not None and _plan_cache[0] is tree and _plan_cache[1] == key:
         return _plan_cache[2]
+    _, _, block_size, two_hs = kv_cache.shape
+    layout, packing = _layout_and_packing(isa, kv_cache.dtype, block_size, two_hs // 2)
     plan = build_step_plan(tree, attn_metadata.seq_lens, attn_metadata.block_table,
-                           kv_cache.shape, layout, group)
+                           kv_cache.shape, layout, group, packing)
     _plan_cache = (tree, key, plan)
     return plan
 
@@ -212,9 +224,7 @@ class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
                              "soft-capping on CPU")
         if self.is_fp8_kv_cache or self.sinks is not None:
             raise ValueError("PTD tree attention does not support fp8 KV cache or sinks on CPU")
-        _, _, block_size, two_hs = kv_cache.shape
-        layout = probe_layout(layer.isa, kv_cache.dtype, block_size, two_hs // 2)
-        plan = _step_plan(tree, attn_metadata, kv_cache, layout,
+        plan = _step_plan(tree, attn_metadata, kv_cache, layer.isa,
                           self.num_heads // self.num_kv_heads)
         rows = tree_attention_rows(query, kv_cache, plan, self.num_kv_heads, self.scale)
         output.view(output.shape[0], -1).index_copy_(0, plan.out_rows, rows.to(output.dtype))
