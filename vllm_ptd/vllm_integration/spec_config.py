@@ -17,23 +17,35 @@ PTD_METHOD = "ptd"
 PROPOSER_CLASS_PATH = "vllm_ptd.vllm_integration.proposer.PTDProposer"
 
 
-def split_speculative_dict(spec: dict[str, Any]) -> PTDConfig:
+def split_speculative_dict(spec: dict[str, Any],
+                           defaults: dict[str, Any] | None = None) -> PTDConfig:
     """Validate a user's speculative-config dict for PTD; return the PTD config.
 
-    Raises ValueError naming the offending key: PTD keys are checked by PTDConfig, and vLLM
-    keys other than `method` are refused because PTD sizes the speculation itself.
+    Keys may be spelled with '-' or '_' (``max-nodes`` is ``max_nodes``); `defaults` fills
+    PTD keys the user did not set. Raises ValueError naming the offending key as the user
+    spelled it: PTD keys are checked by PTDConfig, and vLLM keys other than `method` are
+    refused because PTD sizes the speculation itself.
     """
-    ptd_keys = {}
+    ptd_keys: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, value in spec.items():
-        if key == "method":
+        if not isinstance(key, str):
+            raise ValueError(f"speculative-config keys must be strings, got {key!r}")  # noqa: TRY004
+        name = key.replace("-", "_")
+        if name == "method":
             continue
-        if key in PTD_CONFIG_KEYS:
-            ptd_keys[key] = value
-            continue
-        raise ValueError(
-            f"speculative-config key {key!r} is not supported with method 'ptd'; "
-            f"PTD keys are: {', '.join(sorted(PTD_CONFIG_KEYS))}"
-        )
+        if name not in PTD_CONFIG_KEYS:
+            raise ValueError(
+                f"speculative-config key {key!r} is not supported with method 'ptd'; "
+                f"PTD keys are: {', '.join(sorted(PTD_CONFIG_KEYS))}"
+            )
+        if name in ptd_keys:
+            raise ValueError(f"speculative-config key {name!r} is given twice "
+                             f"(as {spelled[name]!r} and {key!r})")
+        ptd_keys[name] = value
+        spelled[name] = key
+    for name, value in (defaults or {}).items():
+        ptd_keys.setdefault(name, value)
     return PTDConfig.from_dict(ptd_keys)
 
 
@@ -72,10 +84,7 @@ def make_create_speculative_config(original):
         spec = dict(spec or {})
         spec.setdefault("method", PTD_METHOD)
         self.spec_method = None
-        user = {k.replace("-", "_"): v for k, v in spec.items()}
-        for key, value in platform_budget_defaults().items():
-            user.setdefault(key, value)
-        ptd = split_speculative_dict(user)
+        ptd = split_speculative_dict(spec, defaults=platform_budget_defaults())
         self.speculative_config = {
             "method": "custom_class",
             "model": PROPOSER_CLASS_PATH,
