@@ -69,7 +69,7 @@ def run_offline(args, methods: list[Method], workloads) -> tuple[list[dict], lis
         for conc, workload in plan:
             ref = plain.get((workload.dataset, conc))
             row, outputs = offline.run_workload(llm, method, workload, conc, args.max_tokens,
-                                                ref, progress)
+                                                ref, progress, sampling_of(args))
             if method.kind == "plain":
                 plain[(workload.dataset, conc)] = outputs
             if args.save_outputs:
@@ -120,13 +120,23 @@ def _sweep_base(meta: dict) -> tuple[int, int]:
     return base.get("width", 4), base.get("depth", 6)
 
 
+def sampling_of(args) -> dict:
+    """SamplingParams keywords shared by every request of an offline run."""
+    if args.temperature <= 0.0:
+        return {"temperature": 0.0}
+    return {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.smoke:
         apply_smoke(args)
     # Load and validate everything cheap before any engine starts.
     workloads = [load_workload(d, args.prompts) for d in args.datasets]
+    if args.server_url and args.temperature > 0.0:
+        raise SystemExit("--temperature applies to offline runs only")
     meta = {**machine_meta(), "dtype": args.dtype, "max_tokens": args.max_tokens,
+            "sampling": sampling_of(args),
             "prompts": args.prompts, "concurrency": args.concurrency,
             "command": "vllm-ptd bench " + shlex.join(sys.argv[1:] if argv is None else argv)}
     if args.server_url:

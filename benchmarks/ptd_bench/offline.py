@@ -53,15 +53,24 @@ def _read(llm, method: Method) -> dict | None:
 
 
 def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_tokens: int,
-                 reference: list[list[int]] | None = None, progress: bool = True
-                 ) -> tuple[dict, list[list[int]]]:
+                 reference: list[list[int]] | None = None, progress: bool = True,
+                 sampling: dict | None = None) -> tuple[dict, list[list[int]]]:
     """Answer every conversation of `workload`; returns (row, token ids per request in
-    conversation/turn order). Turn t+1 of a conversation is asked after its turn-t answer."""
+    conversation/turn order). Turn t+1 of a conversation is asked after its turn-t answer.
+
+    sampling: SamplingParams keywords (default greedy); a "seed" becomes seed + the
+    request's index, the same for every method."""
     from vllm import SamplingParams
 
     reset_caches(llm, method)
     tok = llm.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    sampling = dict(sampling or {"temperature": 0.0})
+    seed = sampling.pop("seed", None)
+
+    def params_for(i: int, turn: int) -> SamplingParams:
+        per_request = {} if seed is None else {"seed": seed + 1000 * i + turn}
+        return SamplingParams(max_tokens=max_tokens, **sampling, **per_request)
+
     convs = workload.conversations
     answers: list[list[str]] = [[] for _ in convs]
     ids: dict[tuple[int, int], list[int]] = {}
@@ -75,7 +84,7 @@ def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_
                                                tokenize=False, add_generation_prompt=True)
                        for i in idx]
             start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
+            outs = llm.generate(prompts, [params_for(i, turn) for i in idx], use_tqdm=False)
             seconds += time.perf_counter() - start
             for i, out in zip(idx, outs):
                 answers[i].append(out.outputs[0].text)

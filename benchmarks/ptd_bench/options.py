@@ -12,6 +12,7 @@ EPILOG = """examples:
   vllm-ptd bench --smoke
   vllm-ptd bench --datasets mt_bench gsm8k --prompts 10 --max-tokens 256
   vllm-ptd bench --methods plain ptd --ptd '{}' 'small={"max_nodes": 24}' --concurrency 1 4 16 32
+  vllm-ptd bench --methods plain ptd --temperature 0.7 --top-p 0.9 --datasets gsm8k
   vllm-ptd bench --methods plain ptd --sweep --sweep-dataset mt_bench --prompts 10
   vllm-ptd bench --server-url http://localhost:8000/v1 --label plain --concurrency 1 8
   vllm-ptd bench --server-url http://localhost:8001/v1 --label ptd \\
@@ -33,6 +34,12 @@ def parser() -> argparse.ArgumentParser:
                    help="conversations per set (default: the paper's whole subset)")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature (offline runs; default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p when sampling")
+    p.add_argument("--seed", type=int, default=0,
+                   help="request i samples with seed SEED+i, so every method draws the same "
+                        "random numbers and seeded PTD output equals plain output")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--ptd", nargs="+", default=["{}"], metavar="[LABEL=]JSON",
                    help="PTD configs, one row each (default: '{}', PTD's defaults for the platform)")

@@ -51,7 +51,8 @@ def verify_greedy(
 ) -> VerifyResult:
     """Greedy: follow the child whose token is the target's argmax at the current row.
 
-    argmax: int64 [n], the target argmax at each layout row (only x and C rows are read).
+    argmax: int64 [n], the target argmax at each layout row (only x and C rows are read); or
+    any object whose `argmax[row]` gives that row's choice (read only along the path).
     """
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new must be >= 1, got {max_new}")
@@ -89,7 +90,8 @@ def verify_sampled(
     when every child is rejected, the bonus is SAMPLED from the residual q, never its argmax.
     For deterministic drafts each committed token is then distributed exactly as q.
 
-    probs: float [n, V], rows already processed (temperature / top-k / top-p) and normalised.
+    probs: float [n, V], rows already processed (temperature / top-k / top-p) and normalised;
+    or any object whose `probs[row]` gives that row (rows are read only along the path).
     """
     if max_new is not None and max_new < 1:
         raise ValueError(f"max_new must be >= 1, got {max_new}")
@@ -104,7 +106,7 @@ def verify_sampled(
         rejected: list[int] = []
         if kids:
             kid_tokens = [int(ltokens[c]) for c in kids]
-            q_kids = probs[cur, kid_tokens].double().tolist()
+            q_kids = probs[cur][kid_tokens].double().tolist()
             u = torch.rand(len(kids), generator=generator, dtype=torch.float64).tolist()
             remaining = 1.0
             for c, tok, qc, uc in zip(kids, kid_tokens, q_kids, u):

@@ -9,7 +9,7 @@ PTD (it checks for the PTD proposer first), so plain vLLM behaves exactly as bef
 from __future__ import annotations
 
 from vllm_ptd.patching import Patch
-from vllm_ptd.vllm_integration import runner_patches, spec_config
+from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"  # CPUModelRunner subclasses GPUModelRunner
 
@@ -41,6 +41,21 @@ ALL_PATCHES: list[Patch] = [
         attr="_sample",
         make=runner_patches.make_sample,
         why="tree verification replaces the linear rejection sampler; KV compaction",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="",
+        attr="build_logitsprocs",
+        make=sampling_patches.make_build_logitsprocs,
+        why="keep vLLM's min_p and logit-bias processors in PTD engines (vLLM drops them "
+            "under any speculative method)",
+    ),
+    Patch(
+        module="vllm.sampling_params",
+        owner="SamplingParams",
+        attr="_validate_spec_decode",
+        make=sampling_patches.make_validate_spec_decode,
+        why="accept min_p and logit_bias requests in PTD engines (served exactly)",
     ),
 ]
 

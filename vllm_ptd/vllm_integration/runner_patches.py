@@ -6,17 +6,22 @@ Per step, for every request PTD drafted for:
 2. `_prepare_inputs`: after vLLM computed the slot mapping from linear positions (so sibling
    nodes get distinct KV slots), the tree nodes' positions are rewritten to p + depth, and the
    per-request tree masks are published for the attention backend.
-3. `_sample`: the target's argmax at every node verifies the candidate tree; the request's
-   row of the sampler output (accepted tokens, then the bonus, -1 padded: vLLM's contract)
-   replaces the linear rejection sampler's; the accepted nodes' KV moves to the contiguous
-   slots p+1.. (kv_compaction); the layout, argmax and result go to the proposer.
+3. `_sample`: the candidate tree is verified against the distribution plain decoding would
+   use at each row: the target's argmax for plain greedy requests, otherwise the rows vLLM's
+   Sampler would build (tree_sampling.py); sampled requests draw each row's token as plain
+   decoding would and follow the matching child (see `_verify_tree`).
+   The request's row of the sampler output (accepted tokens, then the bonus, -1 padded:
+   vLLM's contract) replaces the linear rejection sampler's, which PTD never needs; the
+   accepted nodes' KV moves to the contiguous slots p+1.. (kv_compaction); the layout,
+   argmax and result go to the proposer.
 The scheduler's own rollback (`num_computed_tokens -= rejected`) then matches the KV.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -28,8 +33,15 @@ from vllm_ptd.attention.tree_metadata import (
     set_tree_attention_metadata,
 )
 from vllm_ptd.core.layout import TreeLayout
-from vllm_ptd.core.verify import verify_greedy
+from vllm_ptd.core.verify import VerifyResult, verify_greedy
 from vllm_ptd.vllm_integration.kv_compaction import compact_accepted_kv
+from vllm_ptd.vllm_integration.tree_sampling import (
+    TreeRowDistributions,
+    alters_logits,
+    has_penalties,
+    is_greedy,
+    top_k_top_p,
+)
 
 logger = logging.getLogger("vllm_ptd")
 
@@ -151,19 +163,123 @@ def _all_plain_greedy(runner, drafter) -> bool:
     from vllm_ptd.vllm_integration.eligibility import draft_blocker
 
     for req_id in runner.input_batch.req_ids:
-        if drafter.blocker(req_id, runner.requests[req_id].sampling_params, draft_blocker):
+        params = runner.requests[req_id].sampling_params
+        if drafter.blocker(req_id, params, draft_blocker) or not _plain_greedy(params):
             return False
     return True
 
 
+def _plain_greedy(params) -> bool:
+    return is_greedy(params) and not alters_logits(params)
+
+
+def _row_distributions(runner, req_id: str, tree: TreeInFlight,
+                       logits: torch.Tensor) -> TreeRowDistributions:
+    req = runner.requests[req_id]
+    if req.prompt_token_ids is None and has_penalties(req.sampling_params):
+        raise ValueError("penalties need the prompt's token ids (prompt given as embeddings)")
+    return TreeRowDistributions(logits, tree.layout, req.sampling_params,
+                                req.prompt_token_ids or (), req.output_token_ids,
+                                sample_row=_vllm_row_sampler(runner, req.generator))
+
+
+def _vllm_row_sampler(runner, generator):
+    """Draw one token from a row with vLLM's own top-k/top-p sampler and the request's
+    generator, exactly as plain decoding draws each position's token (one row, one draw)."""
+    def sample_row(scaled: torch.Tensor, params) -> int:
+        k, p = top_k_top_p(params, 1, scaled.shape[-1], scaled.device)
+        generators = {} if generator is None else {0: generator}
+        token, _ = runner.sampler.topk_topp_sampler(scaled[None].clone(), generators, k, p)
+        return int(token.view(-1)[0])
+
+    return sample_row
+
+
+def _verify_tree(runner, req_id: str, tree: TreeInFlight, logits: torch.Tensor,
+                 raw_argmax: np.ndarray) -> tuple[VerifyResult, np.ndarray]:
+    """Verify one request's tree against the token plain decoding would commit at each row.
+
+    Greedy: the (processed) argmax. Sampled: a token drawn at each visited row from the
+    row's exact distribution, one draw per committed position with the request's generator;
+    the walk follows the child holding that token. Each committed token is distributed as in
+    plain decoding, the acceptance probability equals the sequential rule's (sum of q over
+    the children), and a seeded request draws the same random numbers as plain decoding.
+    Returns the verdict and the per-row argmax to learn from (processed where computed).
+    """
+    req = runner.requests[req_id]
+    params = req.sampling_params
+    if _plain_greedy(params):
+        return verify_greedy(tree.layout, raw_argmax), raw_argmax
+    rows = _row_distributions(runner, req_id, tree, logits)
+    verdict = verify_greedy(tree.layout, rows.argmax if is_greedy(params) else rows.sampled)
+    node_argmax = raw_argmax.copy()
+    for r, a in rows.computed_argmax().items():
+        node_argmax[r] = a
+    return verdict, node_argmax
+
+
+def _plain_token(runner, req_id: str, tree: TreeInFlight, logits: torch.Tensor,
+                 raw_argmax: np.ndarray) -> int:
+    """The token plain decoding would commit after x: what a request whose verification
+    failed commits instead of its tree's path."""
+    req = runner.requests[req_id]
+    if _plain_greedy(req.sampling_params):
+        return int(raw_argmax[0])
+    rows = _row_distributions(runner, req_id, tree, logits)
+    return rows.argmax[0] if is_greedy(req.sampling_params) else rows.sampled[0]
+
+
+@contextmanager
+def _generators_withheld(runner, req_indices: set[int]):
+    """Hide tree requests' generators from vLLM's sampler for this step: their tokens are
+    drawn by tree verification, and a seeded request must consume exactly one draw per
+    committed token, as in plain decoding. (vLLM's sampler still fills their rows, from the
+    global generator; those rows are overwritten.)"""
+    batch = runner.input_batch
+    md = batch.sampling_metadata
+    kept = {i: g for i, g in md.generators.items() if i not in req_indices}
+    if len(kept) == len(md.generators):
+        yield
+        return
+    batch.sampling_metadata = replace(md, generators=kept)
+    try:
+        yield
+    finally:
+        batch.sampling_metadata = md
+
+
+def _sample_rows_without_tree(runner, logits: torch.Tensor, spec_decode_metadata,
+                              width: int) -> SamplerOutput | None:
+    """vLLM's plain Sampler on each request's last row only, or None when vLLM's rejection
+    sampler must run instead (logprobs, thinking budgets).
+
+    For a request without drafts its last row is its only row, so this is exactly plain
+    decoding; tree requests' rows are overwritten by tree verification. It avoids running
+    the linear rejection sampler (softmax, top-k/top-p sorts) over every tree row.
+    """
+    md = runner.input_batch.sampling_metadata
+    holder = md.thinking_budget_state_holder
+    if (md.max_num_logprobs is not None or md.logprob_token_ids
+            or (holder is not None and holder.has_tracked_requests())):
+        return None
+    runner.input_batch.update_async_output_token_ids()
+    last_rows = runner.sampler(logits=logits[spec_decode_metadata.bonus_logits_indices],
+                               sampling_metadata=md)
+    sampled = torch.full((last_rows.sampled_token_ids.shape[0], width), -1,
+                         dtype=torch.int32, device=logits.device)
+    sampled[:, :1] = last_rows.sampled_token_ids
+    return SamplerOutput(sampled, None)
+
+
 def make_sample(original):
     def _sample(self, logits, spec_decode_metadata):
-        trees = getattr(self, "_ptd_trees", None)
-        if not trees or spec_decode_metadata is None:
-            set_tree_attention_metadata(None)
-            return original(self, logits, spec_decode_metadata)
         set_tree_attention_metadata(None)
+        trees = getattr(self, "_ptd_trees", None) or {}
         drafter = ptd_drafter(self)
+        if drafter is None or spec_decode_metadata is None:
+            return original(self, logits, spec_decode_metadata)
+        # Also without trees: the scheduler can cut every draft of a step (token budget,
+        # max_model_len), and vLLM's rejection sampler fails on zero draft rows with top-k.
         argmax = _greedy_argmax(logits)
         cu_sampled = spec_decode_metadata.cu_num_sampled_tokens.cpu().numpy()
         width = int(np.diff(cu_sampled, prepend=0).max())
@@ -176,21 +292,29 @@ def make_sample(original):
             rows[:, 0] = argmax[cu_sampled - 1]   # no-draft requests: the bonus only
             output = SamplerOutput(torch.from_numpy(rows).to(logits.device, torch.int32), None)
         else:
-            output = original(self, logits, spec_decode_metadata)
+            # Rows without a tree need vLLM's sampler; tree rows are overwritten below.
+            with _generators_withheld(self, tree_rows):
+                output = None
+                if not untreed_drafts:
+                    output = _sample_rows_without_tree(self, logits, spec_decode_metadata,
+                                                       width)
+                if output is None:
+                    output = original(self, logits, spec_decode_metadata)
         sampled = output.sampled_token_ids
         src, dst = [], []
         for req_id, tree in trees.items():
             n = len(tree.layout)
             first = int(cu_sampled[tree.req_index]) - n
+            node_logits = logits[first:first + n]
             node_argmax = argmax[first:first + n]
             try:
                 drafter.maybe_inject_fault("verify")
-                verdict = verify_greedy(tree.layout, node_argmax)
+                verdict, node_argmax = _verify_tree(self, req_id, tree, node_logits, node_argmax)
             except Exception:  # noqa: BLE001 (logged in fall_back)
-                # Never take the engine down: x's own argmax is the plain-decoding token
-                # (tree requests are greedy), so commit just that and drop the tree.
+                # Never take the engine down: commit the token plain decoding would commit
+                # after x and drop the tree; the request continues without drafts.
                 drafter.fall_back(req_id, "verification")
-                tokens = [int(node_argmax[0])]
+                tokens = [_plain_token(self, req_id, tree, node_logits, node_argmax)]
                 verdict = None
             else:
                 tokens = verdict.tokens
