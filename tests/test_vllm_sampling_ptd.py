@@ -143,7 +143,6 @@ def test_every_sampling_setting_gets_drafts_and_the_rest_get_none(engines):
             ptd.generate([prompt], [params], use_tqdm=False)
             assert _snapshot(ptd)["steps"] > before["steps"], f"{name}: no drafted steps"
     blocked = {
-        "logprobs": SamplingParams(max_tokens=16, temperature=0.8, logprobs=2),
         "structured output": SamplingParams(
             max_tokens=16, temperature=0.8,
             structured_outputs=StructuredOutputsParams(choice=["the cat", "the dog"])),
@@ -153,6 +152,32 @@ def test_every_sampling_setting_gets_drafts_and_the_rest_get_none(engines):
         out = ptd.generate([PROMPTS[0]], [params], use_tqdm=False)[0].outputs[0]
         assert len(out.token_ids) > 0
         assert _snapshot(ptd)["steps"] == before["steps"], f"{name} was drafted for"
+
+
+def test_logprobs_of_tree_verified_tokens_equal_plain_logprobs(engines):
+    """Logprobs come from the row that predicted each token (x, then the accepted nodes), in
+    vLLM's default raw mode: same tokens, same top-k and logprobs as plain decoding."""
+    from vllm import SamplingParams
+
+    ptd, plain = engines["ptd"], engines["plain"]
+    params = [SamplingParams(max_tokens=SEEDED_TOKENS, temperature=0.0, logprobs=3),
+              SamplingParams(max_tokens=SEEDED_TOKENS, temperature=0.9, seed=7, logprobs=2)]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]
+    params = [params[0], params[0], params[1], params[1]]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    before = _snapshot(ptd)
+    got = ptd.generate(prompts, params, use_tqdm=False)
+    after = _snapshot(ptd)
+    assert after["tokens"] - before["tokens"] > after["steps"] - before["steps"] > 0
+    for g, w in zip(got, want):
+        g, w = g.outputs[0], w.outputs[0]
+        assert list(g.token_ids) == list(w.token_ids)
+        assert len(g.logprobs) == len(w.logprobs) == len(g.token_ids)
+        for tok, lg, lw in zip(g.token_ids, g.logprobs, w.logprobs):
+            assert set(lg) == set(lw) and tok in lg
+            for t in lw:
+                assert lg[t].rank == lw[t].rank
+                assert abs(lg[t].logprob - lw[t].logprob) < 1e-3
 
 
 # -- statistics ---------------------------------------------------------------------------

@@ -44,6 +44,14 @@ ALL_PATCHES: list[Patch] = [
     ),
     Patch(
         module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_input_fits_in_drafter",
+        make=runner_patches.make_input_fits_in_drafter,
+        why="keep drafting when a sequence nears max_model_len: PTD bounds each tree itself; "
+            "vLLM's batch-wide check would schedule zeros in place of every request's tree",
+    ),
+    Patch(
+        module=_RUNNER,
         owner="",
         attr="build_logitsprocs",
         make=sampling_patches.make_build_logitsprocs,

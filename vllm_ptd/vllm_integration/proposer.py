@@ -19,7 +19,7 @@ from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.verify import VerifyResult
-from vllm_ptd.vllm_integration.eligibility import draft_blocker
+from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
 from vllm_ptd.vllm_integration.spec_config import ptd_config_of
 
 # Under vLLM's "vllm" logger namespace so that vLLM's logging configuration shows it.
@@ -42,6 +42,9 @@ class PTDProposer:
         if self.config is None:
             raise ValueError("PTDProposer needs a speculative config made from method 'ptd'")
         self.max_model_len = vllm_config.model_config.max_model_len
+        # Tree-verified tokens get logprobs of the raw logits only (runner_patches).
+        self.raw_logprobs = getattr(vllm_config.model_config, "logprobs_mode",
+                                    "raw_logprobs") in RAW_LOGPROBS_MODES
         self.runner = None  # set by runner_patches before the first proposal
         self.states: dict[str, PTDRequestState] = {}
         self.pending: dict[str, TreeLayout] = {}   # proposed, not yet verified
@@ -99,10 +102,11 @@ class PTDProposer:
                 "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
                 "accepted_by_depth": depth[: last + 1]}
 
-    def blocker(self, req_id: str, params, rule) -> str | None:
-        """`rule(params)`, cached per request: sampling params never change mid-request."""
+    def blocker(self, req_id: str, params) -> str | None:
+        """Why this request gets no drafts (None: it gets drafts), cached per request:
+        sampling params never change mid-request."""
         if req_id not in self.blockers:
-            self.blockers[req_id] = rule(params)
+            self.blockers[req_id] = draft_blocker(params, self.raw_logprobs)
         return self.blockers[req_id]
 
     # -- per step ----------------------------------------------------------------------
@@ -173,7 +177,7 @@ class PTDProposer:
             for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
                 self.accepted_by_depth[k] += 1
         self.pending.pop(req_id, None)
-        if self.blocker(req_id, req_state.sampling_params, draft_blocker) is not None:
+        if self.blocker(req_id, req_state.sampling_params) is not None:
             return []
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
         budget = min(self.config.max_nodes, self.max_model_len - num_tokens)

@@ -82,6 +82,19 @@ def make_update_states(original):
     return _update_states
 
 
+def make_input_fits_in_drafter(original):
+    def _input_fits_in_drafter(self, common_attn_metadata):
+        # vLLM skips the drafter for the whole batch once any sequence comes within
+        # num_speculative_tokens of the drafter's max length (a limit of separate draft
+        # models) and schedules zeros as drafts. PTD drafts with the target itself and keeps
+        # each request's tree inside max_model_len (proposer budget), so it always drafts.
+        if ptd_drafter(self) is not None and common_attn_metadata is not None:
+            return True
+        return original(self, common_attn_metadata)
+
+    return _input_fits_in_drafter
+
+
 def make_prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         result = original(self, scheduler_output, num_scheduled_tokens)
@@ -103,7 +116,12 @@ def make_prepare_inputs(original):
             # max_model_len); a DFS prefix of the layout is still a valid tree.
             layout = layout.truncate(n)
             if layout.tokens[1:].tolist() != list(drafts):
-                raise RuntimeError(f"PTD layout and scheduled drafts differ for {req_id}")
+                # Not PTD's drafts (vLLM replaced them): no tree for this request this
+                # step; vLLM verifies them as a linear chain, which stays exact.
+                logger.warning("PTD: scheduled drafts of %s are not its tree; verified "
+                               "linearly this step", req_id)
+                drafter.pending.pop(req_id, None)
+                continue
             start = int(query_start[idx])
             p = int(self.input_batch.num_computed_tokens_cpu[idx])
             rows.append(np.arange(start, start + n))
@@ -160,11 +178,11 @@ def _greedy_argmax(logits: torch.Tensor) -> np.ndarray:
 def _all_plain_greedy(runner, drafter) -> bool:
     """True when every request of the batch is greedy with nothing that alters its logits,
     so the target's argmax is exactly what vLLM's sampler would pick for each row."""
-    from vllm_ptd.vllm_integration.eligibility import draft_blocker
-
+    if runner.input_batch.sampling_metadata.max_num_logprobs is not None:
+        return False
     for req_id in runner.input_batch.req_ids:
         params = runner.requests[req_id].sampling_params
-        if drafter.blocker(req_id, params, draft_blocker) or not _plain_greedy(params):
+        if drafter.blocker(req_id, params) or not _plain_greedy(params):
             return False
     return True
 
@@ -248,27 +266,50 @@ def _generators_withheld(runner, req_indices: set[int]):
         batch.sampling_metadata = md
 
 
-def _sample_rows_without_tree(runner, logits: torch.Tensor, spec_decode_metadata,
+def _sample_rows_without_tree(runner, drafter, logits: torch.Tensor, spec_decode_metadata,
                               width: int) -> SamplerOutput | None:
     """vLLM's plain Sampler on each request's last row only, or None when vLLM's rejection
-    sampler must run instead (logprobs, thinking budgets).
+    sampler must run instead (processed logprobs, logprobs of chosen ids, thinking budgets).
 
     For a request without drafts its last row is its only row, so this is exactly plain
     decoding; tree requests' rows are overwritten by tree verification. It avoids running
-    the linear rejection sampler (softmax, top-k/top-p sorts) over every tree row.
+    the linear rejection sampler (softmax, top-k/top-p sorts) over every tree row. Logprobs
+    are gathered afterwards for the whole batch (`_verified_logprobs`).
     """
     md = runner.input_batch.sampling_metadata
     holder = md.thinking_budget_state_holder
-    if (md.max_num_logprobs is not None or md.logprob_token_ids
+    if ((md.max_num_logprobs is not None and not drafter.raw_logprobs) or md.logprob_token_ids
             or (holder is not None and holder.has_tracked_requests())):
         return None
     runner.input_batch.update_async_output_token_ids()
     last_rows = runner.sampler(logits=logits[spec_decode_metadata.bonus_logits_indices],
-                               sampling_metadata=md)
+                               sampling_metadata=replace(md, max_num_logprobs=None))
     sampled = torch.full((last_rows.sampled_token_ids.shape[0], width), -1,
                          dtype=torch.int32, device=logits.device)
     sampled[:, :1] = last_rows.sampled_token_ids
     return SamplerOutput(sampled, None)
+
+
+def _verified_logprobs(runner, logits: torch.Tensor, sampled: torch.Tensor,
+                       cu_sampled: np.ndarray, tree_paths: dict[int, list[int]]):
+    """Logprobs of every output token in vLLM's spec-decode layout ([requests x width] rows,
+    filtered later by the -1 placeholders), each from the logits row that predicted it: for
+    a tree request, x and then the accepted nodes; otherwise the request's rows in order.
+    Raw modes only (`raw_logprobs`: log-softmax of the raw logits; `raw_logits`)."""
+    width = sampled.shape[1]
+    starts = np.concatenate([[0], cu_sampled[:-1]])
+    index = starts[:, None] + np.arange(width)[None, :]
+    for req_index, path in tree_paths.items():
+        index[req_index, : len(path)] = starts[req_index] + np.asarray(path)
+    index = np.minimum(index, logits.shape[0] - 1).reshape(-1)
+    rows = logits[torch.from_numpy(index).to(logits.device)].to(torch.float32)
+    sampler = runner.sampler
+    if sampler.logprobs_mode == "raw_logprobs":
+        rows = sampler.compute_logprobs(rows)
+    tokens = sampled.reshape(-1).to(torch.int64).clone()
+    tokens[tokens < 0] = 0   # placeholders: filtered out by vLLM's parse_output
+    return sampler.gather_logprobs(rows, runner.input_batch.sampling_metadata.max_num_logprobs,
+                                   tokens)
 
 
 def make_sample(original):
@@ -296,12 +337,13 @@ def make_sample(original):
             with _generators_withheld(self, tree_rows):
                 output = None
                 if not untreed_drafts:
-                    output = _sample_rows_without_tree(self, logits, spec_decode_metadata,
-                                                       width)
+                    output = _sample_rows_without_tree(self, drafter, logits,
+                                                       spec_decode_metadata, width)
                 if output is None:
                     output = original(self, logits, spec_decode_metadata)
         sampled = output.sampled_token_ids
         src, dst = [], []
+        tree_paths: dict[int, list[int]] = {}   # req_index -> rows of its output tokens
         for req_id, tree in trees.items():
             n = len(tree.layout)
             first = int(cu_sampled[tree.req_index]) - n
@@ -321,6 +363,7 @@ def make_sample(original):
             row = torch.full((sampled.shape[1],), -1, dtype=sampled.dtype)
             row[: len(tokens)] = torch.tensor(tokens, dtype=sampled.dtype)
             sampled[tree.req_index] = row.to(sampled.device)
+            tree_paths[tree.req_index] = [0] if verdict is None else [0, *verdict.accepted]
             if verdict is None:
                 continue
             for k, node in enumerate(verdict.accepted, start=1):
@@ -331,6 +374,10 @@ def make_sample(original):
         if src:
             compact_accepted_kv(self, torch.stack(src), torch.stack(dst))
             drafter.kv_moves += len(src)
+        if (self.input_batch.sampling_metadata.max_num_logprobs is not None
+                and drafter.raw_logprobs):
+            output.logprobs_tensors = _verified_logprobs(self, logits, sampled, cu_sampled,
+                                                         tree_paths)
         self._ptd_trees = {}
         return output
 
