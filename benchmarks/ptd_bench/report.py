@@ -85,6 +85,14 @@ def _setting(mode: str, concurrency: int) -> str:
     return f"offline, {concurrency} requests at once"
 
 
+def _sampling_text(sampling: dict | None) -> str:
+    if not sampling or sampling.get("temperature", 0.0) <= 0.0:
+        return "greedy"
+    return (f"sampled (temperature {sampling['temperature']}, top-p {sampling.get('top_p', 1.0)},"
+            f" per-request seeds from {sampling.get('seed', 0)}: mismatches compare seeded "
+            "samples)")
+
+
 def render(meta: dict, rows: list[dict], sweep: list[dict]) -> str:
     """The whole results.md."""
     out = ["# PTD benchmark", "",
@@ -92,8 +100,8 @@ def render(meta: dict, rows: list[dict], sweep: list[dict]) -> str:
            f"- machine: {meta.get('machine')}",
            f"- model: {meta.get('model')} ({meta.get('dtype')})",
            f"- command: `{meta.get('command')}`",
-           (f"- greedy, max {meta.get('max_tokens')} new tokens per request, "
-            f"{meta.get('prompts') or 'all'} conversations per set"), ""]
+           (f"- {_sampling_text(meta.get('sampling'))}, max {meta.get('max_tokens')} new "
+            f"tokens per request, {meta.get('prompts') or 'all'} conversations per set"), ""]
     if meta.get("note"):
         out += [meta["note"], ""]
     for mode in _ordered(r["mode"] for r in rows):
