@@ -221,16 +221,15 @@ def _long_token_rows(tok) -> list[list[int]]:
 
 @pytest.mark.engine
 def test_prompts_at_and_near_max_model_len(ptd_llm, plain_llm, tok):
-    """Prompts within 24 tokens (PTD's CPU node budget) of max_model_len. vLLM does not call
-    the drafter for a batch whose longest sequence + num_speculative_tokens passes
-    max_model_len, so these requests are decoded from zero drafts that vLLM schedules and
-    verifies linearly itself (the bug below is what happens when a request crosses that
-    limit mid-flight)."""
+    """Prompts within 24 tokens (PTD's CPU node budget) of max_model_len: every tree is cut
+    to the room left before max_model_len (by PTD's budget, then by vLLM's scheduler, which
+    keeps a prefix of the drafts)."""
     from vllm import SamplingParams
 
     rows = _long_token_rows(tok)
     lengths = (MAX_LEN - 1, MAX_LEN - 2, MAX_LEN - 3, MAX_LEN - 7, MAX_LEN - 12, MAX_LEN - 23)
     prompts = [{"prompt_token_ids": row[:n]} for row in rows for n in lengths]
+    before = _snapshot(ptd_llm)
     # max_tokens unset: vLLM generates up to max_model_len; 64: asks for more than fits.
     for params in (SamplingParams(temperature=0.0, max_tokens=None),
                    SamplingParams(temperature=0.0, max_tokens=64)):
@@ -242,6 +241,10 @@ def test_prompts_at_and_near_max_model_len(ptd_llm, plain_llm, tok):
                 assert len(prompt["prompt_token_ids"]) + len(tokens) <= MAX_LEN
                 if reason == "length":
                     assert len(prompt["prompt_token_ids"]) + len(tokens) == MAX_LEN
+    after = _snapshot(ptd_llm)
+    # PTD drafted right up to the limit, and paths were accepted there
+    assert after["steps"] > before["steps"]
+    assert after["tokens"] - before["tokens"] > after["steps"] - before["steps"]
     _assert_idle_and_serving(ptd_llm, plain_llm, tok)
 
 
