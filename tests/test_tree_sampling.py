@@ -9,16 +9,19 @@ guarantee; the statistical half runs the real engine (tests/test_vllm_sampling_p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.test_core_verify import layout_from_paths
+from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.vllm_integration.tree_sampling import (
+    TreeRowDistributions,
     alters_logits,
+    is_greedy,
     node_histories,
-    tree_distributions,
 )
 
 VOCAB = 96
@@ -54,6 +57,20 @@ def _params(name: str):
     if name == "bad_words":
         params._bad_words_token_ids = BAD_WORDS
     return params
+
+
+def tree_distributions(raw_logits: torch.Tensor, layout: TreeLayout, params,
+                       prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(processed logits, sampling probs or None for greedy) at x and every C row, stacked
+    from the rows the engine computes one by one."""
+    rows = TreeRowDistributions(raw_logits, layout, params, prompt_token_ids,
+                                output_token_ids)
+    n = len(rows.histories)
+    logits = torch.stack([rows.processed_logits(r) for r in range(n)])
+    if is_greedy(params):
+        return logits, None
+    return logits, torch.stack([rows.probs[r] for r in range(n)])
 
 
 def _vllm_batch(params, histories):

@@ -200,16 +200,3 @@ class _RowView:
 
     def __getitem__(self, r: int):
         return self._row(int(r))
-
-
-def tree_distributions(raw_logits: torch.Tensor, layout: TreeLayout, params,
-                       prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(processed logits, sampling probs or None for greedy) at x and every C row, stacked."""
-    rows = TreeRowDistributions(raw_logits, layout, params, prompt_token_ids,
-                                output_token_ids)
-    n = len(rows.histories)
-    logits = torch.stack([rows.processed_logits(r) for r in range(n)])
-    if is_greedy(params):
-        return logits, None
-    return logits, torch.stack([rows.probs[r] for r in range(n)])
