@@ -146,7 +146,9 @@ def plain_llm():
 def ptd_llm():
     from vllm_ptd.engine_utils import make_llm
 
-    llm = make_llm(ptd={}, max_model_len=MAX_LEN, max_num_seqs=16)
+    # Fixed budget: these cases need trees (paths accepted up to max_model_len, requests
+    # ending inside an accepted path) whatever the adaptive budget would pick.
+    llm = make_llm(ptd={"adaptive_budget": 0}, max_model_len=MAX_LEN, max_num_seqs=16)
     yield llm
     del llm
     gc.collect()

@@ -31,6 +31,15 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
             "left unused by T goes back to C"
         ),
     ),
+    "adaptive_budget": (
+        int,
+        0,
+        1,
+        (
+            "1: each step's rows per request (0..max_nodes) chosen from measured step time and "
+            "acceptance to maximise tokens/s (core/budget.py); 0: always max_nodes"
+        ),
+    ),
     "context_ngram": (
         int,
         0,
@@ -62,6 +71,7 @@ class PTDConfig:
     pool_cap: int = 60
     max_nodes: int = 64
     max_candidate_nodes: int = 32
+    adaptive_budget: int = 1
     context_ngram: int = 4
     context_min_ngram: int = 2
     context_matches: int = 4

@@ -69,7 +69,8 @@ class PTDRequestState:
         self._proposed_nc = 0
 
     def propose(self, x: int, budget: int | None = None,
-                committed: Sequence[int] | None = None) -> TreeLayout:
+                committed: Sequence[int] | None = None,
+                candidate_cap: int | None = None) -> TreeLayout:
         """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
         draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
         in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
@@ -77,6 +78,8 @@ class PTDRequestState:
 
         committed: the tokens committed since the last call, ending with x (default [x]);
         they extend the context index.
+        candidate_cap: C's cap for this call (default config.max_candidate_nodes); a smaller
+        budget shrinks it in proportion, so that T keeps its share (see core/budget.py).
         """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
@@ -91,7 +94,8 @@ class PTDRequestState:
                 merged = merge_with_pool(found, {} if trie is None else trie.root)
                 c_rows = flatten_trie(merged, budget)
         num_c = len(c_rows[0]) if c_rows[0] else self.pool.size(x)
-        nc, nt = split_budget(num_c, self.tree.num_nodes(), budget, cfg.max_candidate_nodes)
+        cap = cfg.max_candidate_nodes if candidate_cap is None else candidate_cap
+        nc, nt = split_budget(num_c, self.tree.num_nodes(), budget, cap)
         if c_rows[0]:
             c_rows = tuple(rows[:nc] for rows in c_rows)
         else:

@@ -8,9 +8,11 @@ prefix fully visible, the block's own tokens per the tree mask.
 Every layer of a step sees the same block tables, sequence lengths and masks, so a
 `TreeStepPlan` is built once per step: flat gather indices into a layer's KV tensor (through
 the probed packing, see cpu_kv_layout), padded over the step's tree blocks, and an additive
-mask. Each layer then costs a fixed dozen tensor ops for all tree blocks together, whatever
-their number: a gather of whole KV blocks, two batched matmuls, a softmax and the copies
-around them.
+mask. Each layer then costs a fixed handful of tensor ops for all tree blocks together,
+whatever their number: a gather of whole KV blocks, one permuting copy each for K and V, and
+one fused `scaled_dot_product_attention` in the cache's dtype (bf16 stays bf16 with float32
+accumulation, as in vLLM's own kernel; measured 0.53 -> 0.38 ms per layer against the
+earlier float32 matmul/softmax version for a 25-row tree over 300 tokens).
 
 Keys past a request's length inside its last block, and padding, are hidden by a -inf bias;
 they must hold finite numbers, which vLLM guarantees (the KV cache is allocated zeroed and only
@@ -35,10 +37,10 @@ from vllm_ptd.vllm_integration.cpu_kv_layout import (
 
 
 def _packing(layout: BlockLayout) -> tuple[SpanPermutation, SpanPermutation] | None:
-    """K as dim-major and V as token-major reorderings of a block-head span, when the probed
+    """K and V as token-major ([L, hs]) reorderings of a block-head span, when the probed
     packing allows it (every vLLM 0.32 CPU packing does); None falls back to flat gathers.
     Derived once per probed layout (see `_layout_and_packing`), not per step."""
-    key = span_permutation(layout.key_index, token_major=False)
+    key = span_permutation(layout.key_index, token_major=True)
     value = span_permutation(layout.value_index, token_major=True)
     return None if key is None or value is None else (key, value)
 
@@ -51,12 +53,12 @@ class TreeStepPlan:
     query_rows: torch.Tensor   # int64 [B * n]: batch row of each padded query
     out_rows: torch.Tensor     # int64 [R]: batch rows to write (the real ones)
     out_index: torch.Tensor    # int64 [R]: their position in the padded [B * n] order
-    bias: torch.Tensor         # float32 [B, 1, group * n, L]: 0 visible, -inf hidden
+    bias: torch.Tensor         # [B, 1, group * n, L], KV dtype: 0 visible, -inf hidden
     rows: int                  # n
     keys: int                  # L: whole blocks, so that K and V need no slicing
     packing: tuple[SpanPermutation, SpanPermutation] | None
     block_ids: torch.Tensor | None    # int64 [B * blocks]: whole KV blocks to gather
-    key_index: torch.Tensor | None    # int64 [B, kv_heads, head_size, L]: flat gather (no
+    key_index: torch.Tensor | None    # int64 [B, kv_heads, L, head_size]: flat gather (no
     value_index: torch.Tensor | None  # int64 [B, kv_heads, L, head_size]   plain packing)
     # Work buffers reused by every layer of the step: fresh allocations of this size cost
     # page faults on every layer, more than the arithmetic.
@@ -78,9 +80,10 @@ def _layout_and_packing(isa: str, dtype: torch.dtype, block_size: int, head_size
 
 def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
                     block_table: torch.Tensor, kv_shape: torch.Size, layout: BlockLayout,
-                    group: int, packing: tuple[SpanPermutation, SpanPermutation] | None
-                    ) -> TreeStepPlan:
-    """packing: `_packing(layout)`, or None to gather through flat element indices."""
+                    group: int, packing: tuple[SpanPermutation, SpanPermutation] | None,
+                    dtype: torch.dtype | None = None) -> TreeStepPlan:
+    """packing: `_packing(layout)`, or None to gather through flat element indices; dtype:
+    the attention's compute dtype (the KV cache's), float32 when not given."""
     _, num_kv_heads, block_size, two_hs = kv_shape
     head_size = two_hs // 2
     blocks = tree.blocks
@@ -117,12 +120,12 @@ def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
     if packing is None:
         key_index = torch.stack([k for k, _ in flat_indices])
         value_index = torch.stack([v for _, v in flat_indices])
-    return TreeStepPlan(query_rows.view(-1), torch.cat(out_rows), torch.cat(out_index), bias,
-                        n, width, packing, block_ids.view(-1), key_index, value_index)
+    return TreeStepPlan(query_rows.view(-1), torch.cat(out_rows), torch.cat(out_index),
+                        bias.to(dtype or torch.float32), n, width, packing, block_ids.view(-1), key_index, value_index)
 
 
 def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
-    """Element indices of K ([H, hs, L]) and V ([H, L, hs]) in the flat KV tensor of a layer:
+    """Element indices of K and V (both [H, L, hs]) in the flat KV tensor of a layer:
     element (block, head, o) of [NB, H, bs, 2*hs] is at (block * H + head) * bs*2hs + o, with
     K in the first bs*hs of each (block, head) span."""
     span = block_size * 2 * head_size
@@ -130,7 +133,7 @@ def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
     base = block_ids[pos // block_size] * (num_kv_heads * span)        # [L]
     heads = torch.arange(num_kv_heads) * span
     offset = pos % block_size
-    keys = (base[:, None] + layout.key_index[offset]).T[None] + heads[:, None, None]
+    keys = (base[:, None] + layout.key_index[offset])[None] + heads[:, None, None]
     values = (base[:, None] + layout.value_index[offset] + block_size * head_size)[None]
     return keys, values + heads[:, None, None]
 
@@ -147,61 +150,54 @@ def _step_plan(tree, attn_metadata, kv_cache, isa, group) -> TreeStepPlan:
     _, _, block_size, two_hs = kv_cache.shape
     layout, packing = _layout_and_packing(isa, kv_cache.dtype, block_size, two_hs // 2)
     plan = build_step_plan(tree, attn_metadata.seq_lens, attn_metadata.block_table,
-                           kv_cache.shape, layout, group, packing)
+                           kv_cache.shape, layout, group, packing, kv_cache.dtype)
     _plan_cache = (tree, key, plan)
     return plan
 
 
 def _gather_kv(kv_cache: torch.Tensor, plan: TreeStepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """K as float32 [B, H, hs, L] and V as float32 [B, H, L, hs] of every planned block."""
+    """K and V, both [B, H, L, hs] in the cache's dtype, of every planned block."""
     _, num_kv_heads, block_size, two_hs = kv_cache.shape
     head_size = two_hs // 2
     num, width = plan.bias.shape[0], plan.keys
     if plan.packing is None:
         flat = kv_cache.view(-1)
-        return (torch.take(flat, plan.key_index).float(),
-                torch.take(flat, plan.value_index).float())
+        return torch.take(flat, plan.key_index), torch.take(flat, plan.value_index)
     # Whole blocks are one contiguous copy each; one permuting copy per K and V then
-    # unpacks them (and converts to float32).
+    # unpacks them.
     spans = plan.buffer("spans", (plan.block_ids.numel(), *kv_cache.shape[1:]), kv_cache.dtype)
     torch.index_select(kv_cache, 0, plan.block_ids, out=spans)
     spans = spans.view(num, -1, num_kv_heads, 2, block_size * head_size)
     key_perm, value_perm = plan.packing
-    k = _unpack(plan, "k", spans[:, :, :, 0], key_perm, blocks_inside=True)
-    v = _unpack(plan, "v", spans[:, :, :, 1], value_perm, blocks_inside=False)
-    return (k.view(num, num_kv_heads, head_size, width),
+    k = _unpack(plan, "k", spans[:, :, :, 0], key_perm)
+    v = _unpack(plan, "v", spans[:, :, :, 1], value_perm)
+    return (k.view(num, num_kv_heads, width, head_size),
             v.view(num, num_kv_heads, width, head_size))
 
 
-def _unpack(plan: TreeStepPlan, name: str, spans: torch.Tensor, perm: SpanPermutation,
-            blocks_inside: bool) -> torch.Tensor:
-    """[B, nb, H, span] -> float32 [B, H, outer, nb, inner] (blocks_inside: K as [hs, L]) or
-    [B, H, nb, outer, inner] (V as [L, hs]), contiguous."""
+def _unpack(plan: TreeStepPlan, name: str, spans: torch.Tensor, perm: SpanPermutation
+            ) -> torch.Tensor:
+    """[B, nb, H, span] -> [B, H, nb, block_size, head_size] (token-major), contiguous."""
     num, nb, heads, _ = spans.shape
-    axes = [3 + a for a in perm.perm]
-    if blocks_inside:
-        order = [0, 2, *axes[: perm.outer_axes], 1, *axes[perm.outer_axes:]]
-    else:
-        order = [0, 2, 1, *axes]
-    view = spans.view(num, nb, heads, *perm.shape).permute(order)
-    return plan.buffer(name, view.shape, torch.float32).copy_(view)
+    view = spans.view(num, nb, heads, *perm.shape).permute(0, 2, 1, *[3 + a for a in perm.perm])
+    return plan.buffer(name, view.shape, spans.dtype).copy_(view)
 
 
 def tree_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, plan: TreeStepPlan,
                         num_kv_heads: int, scale: float) -> torch.Tensor:
-    """Attention output of the plan's real rows: [R, num_heads * head_size], float32."""
+    """Attention output of the plan's real rows: [R, num_heads * head_size] in the plan's
+    dtype. One fused SDPA call for all tree blocks: in bf16 it accumulates in float32 and
+    rounds the probabilities to bf16 before P @ V, like vLLM's own CPU kernel."""
     num, n = plan.bias.shape[0], plan.rows
     head_size = kv_cache.shape[3] // 2
     group = plan.bias.shape[2] // n
-    q = query.view(query.shape[0], -1).index_select(0, plan.query_rows).float()
+    q = query.view(query.shape[0], -1).index_select(0, plan.query_rows).to(plan.bias.dtype)
     q = q.view(num, n, num_kv_heads, group, head_size).permute(0, 2, 3, 1, 4)
-    q = q.reshape(num, num_kv_heads, group * n, head_size).mul_(scale)
+    q = q.reshape(num, num_kv_heads, group * n, head_size)
     k, v = _gather_kv(kv_cache, plan)
-    scores = plan.buffer("scores", plan.bias.shape[:1] + (num_kv_heads,) + plan.bias.shape[2:],
-                         torch.float32)
-    torch.matmul(q, k, out=scores).add_(plan.bias)               # [B, H, g*n, L]
-    torch.softmax(scores, dim=-1, out=scores)
-    out = torch.matmul(scores, v)                                # [B, H, g*n, hs]
+    k, v = k.to(plan.bias.dtype), v.to(plan.bias.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=plan.bias,
+                                                           scale=scale)  # [B, H, g*n, hs]
     out = out.view(num, num_kv_heads, group, n, head_size).permute(0, 3, 1, 2, 4)
     return out.reshape(num * n, -1).index_select(0, plan.out_index)
 

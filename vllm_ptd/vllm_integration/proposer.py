@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from vllm.logger import init_logger
 
+from vllm_ptd.core.budget import BudgetPolicy
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
@@ -61,6 +62,19 @@ class PTDProposer:
         self.accepted_by_depth = [0] * (self.config.max_nodes + 1)
         self._last_log = time.monotonic()
         self._logged = PTDStats()
+        # Load-adaptive budget (core/budget.py). Its inputs include wall-clock step times,
+        # which differ between ranks: with tensor or pipeline parallelism every rank must
+        # build the same trees, so the budget stays fixed there.
+        parallel = vllm_config.parallel_config
+        self.parallel = (parallel.tensor_parallel_size > 1
+                         or parallel.pipeline_parallel_size > 1)
+        self.policy: BudgetPolicy | None = None
+        if self.config.adaptive_budget and not self.parallel:
+            self.policy = BudgetPolicy(self.config.max_nodes)
+        self.step_budget = self.config.max_nodes   # rows per drafting request, this step
+        self.budget_sum = 0                        # step_budget summed over drafting steps
+        self.budget_steps = 0
+        self._step_mark: tuple[float, int] | None = None  # (start, tokens) of the last step
 
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
@@ -89,6 +103,18 @@ class PTDProposer:
             self.injected_faults[stage] = left - 1
             raise RuntimeError(f"injected PTD fault ({stage})")
 
+    def step_started(self, num_tokens: int, has_prefill: bool) -> None:
+        """Called as each forward step is prepared: the interval since the previous step's
+        start is that step's period, a sample of the cost model unless that step carried
+        prompt tokens (cheaper per token than tree rows; see core/budget.py)."""
+        now = time.perf_counter()
+        mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens)
+        if self.policy is None or mark is None or mark[1] < 0:
+            return
+        seconds = now - mark[0]
+        if not self.policy.cost.is_outlier(mark[1], seconds):
+            self.policy.cost.observe(mark[1], seconds)
+
     def num_live_states(self) -> int:
         return len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
 
@@ -97,10 +123,17 @@ class PTDProposer:
         steps = self.stats.steps
         depth = self.accepted_by_depth
         last = max((k for k, v in enumerate(depth) if v), default=-1)
-        return {**self.stats.summary(), "live_states": self.num_live_states(),
-                "kv_moves": self.kv_moves, "fallbacks": self.fallbacks,
-                "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
-                "accepted_by_depth": depth[: last + 1]}
+        out = {**self.stats.summary(), "live_states": self.num_live_states(),
+               "kv_moves": self.kv_moves, "fallbacks": self.fallbacks,
+               "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
+               "accepted_by_depth": depth[: last + 1],
+               "mean_budget": (self.budget_sum / self.budget_steps if self.budget_steps
+                               else float(self.config.max_nodes))}
+        if self.policy is not None:
+            a, b = self.policy.cost.coefficients()
+            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b}
+            out["full_budget_gain"] = self.policy.gain.full_gain
+        return out
 
     def blocker(self, req_id: str, params) -> str | None:
         """Why this request gets no drafts (None: it gets drafts), cached per request:
@@ -131,6 +164,7 @@ class PTDProposer:
         """
         runner = self.runner
         started = time.perf_counter()
+        self.step_budget = self._choose_budget(runner, sampled_token_ids)
         drafts: list[list[int]] = []
         for index, req_id in enumerate(runner.input_batch.req_ids):
             sampled = sampled_token_ids[index]
@@ -149,6 +183,22 @@ class PTDProposer:
         self._maybe_log()
         return drafts
 
+    def _choose_budget(self, runner, sampled_token_ids) -> int:
+        """Rows per drafting request for the next step: max_nodes, or the policy's choice
+        for this batch (every request of the batch counts one token of step time; those
+        that may draft share the budget)."""
+        if self.policy is None:
+            return self.config.max_nodes
+        req_ids = runner.input_batch.req_ids
+        drafting = sum(1 for index, req_id in enumerate(req_ids)
+                       if sampled_token_ids[index] and req_id in runner.requests
+                       and self.blocker(req_id, runner.requests[req_id].sampling_params) is None)
+        budget = self.policy.choose(len(req_ids), drafting)
+        if drafting:
+            self.budget_sum += budget
+            self.budget_steps += 1
+        return budget
+
     def _maybe_log(self) -> None:
         """One interval line with the paper's metrics, next to vLLM's own stats lines."""
         now = time.monotonic()
@@ -158,8 +208,9 @@ class PTDProposer:
         delta = PTDStats(*(a - b for a, b in zip(vars(s).values(), vars(old).values())))
         if delta.steps:
             logger.info("PTD: DE %.2f, HR %.2f, AL %.2f, C nodes/step %.1f, T nodes/step %.1f "
-                        "over %d request-steps; fallbacks %d", delta.DE, delta.HR, delta.AL,
-                        delta.C_per_step, delta.T_per_step, delta.steps, self.fallbacks)
+                        "over %d request-steps; budget %d rows; fallbacks %d", delta.DE,
+                        delta.HR, delta.AL, delta.C_per_step, delta.T_per_step, delta.steps,
+                        self.step_budget, self.fallbacks)
         self._last_log = now
         self._logged = PTDStats(**vars(s))
 
@@ -174,19 +225,25 @@ class PTDProposer:
             layout, result = record.layout, record.result
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
+            if self.policy is not None:
+                self.policy.gain.record(len(layout) - 1, len(result.accepted))
             for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
                 self.accepted_by_depth[k] += 1
         self.pending.pop(req_id, None)
         if self.blocker(req_id, req_state.sampling_params) is not None:
             return []
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
-        budget = min(self.config.max_nodes, self.max_model_len - num_tokens)
+        budget = min(self.step_budget, self.max_model_len - num_tokens)
         if budget <= 0:
             return []
         # The context index catches up from the runner's own token row, which also covers
         # a resumed request and steps verified outside PTD.
         known = len(state.context) if state.context is not None else num_tokens - 1
-        layout = state.propose(sampled[-1], budget, committed=history[known:].tolist())
+        # A budget below max_nodes keeps C's share of it (C alone cannot sustain PTD: T's
+        # rows feed the pool that C draws from).
+        cap = -(-budget * self.config.max_candidate_nodes // max(self.config.max_nodes, 1))
+        layout = state.propose(sampled[-1], budget, committed=history[known:].tolist(),
+                               candidate_cap=cap)
         if len(layout) <= 1:
             return []
         self.pending[req_id] = layout

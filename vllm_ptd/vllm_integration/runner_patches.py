@@ -97,10 +97,17 @@ def make_input_fits_in_drafter(original):
 
 def make_prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        drafter = ptd_drafter(self)
+        if drafter is not None:
+            # Decode rows are one token per request plus its drafts; anything more is
+            # prompt (prefill or a chunk of it).
+            total = scheduler_output.total_num_scheduled_tokens
+            decode = len(scheduler_output.num_scheduled_tokens) + sum(
+                map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+            drafter.step_started(total, has_prefill=total > decode)
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
-        drafter = ptd_drafter(self)
         if drafter is None or not scheduler_output.scheduled_spec_decode_tokens:
             return result
         query_start = self.query_start_loc.np

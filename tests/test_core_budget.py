@@ -1,0 +1,87 @@
+"""The load-adaptive budget's parts (core/budget.py), without an engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_ptd.core.budget import BudgetPolicy, GainModel, StepCostModel
+
+
+def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
+    rng = np.random.default_rng(0)
+    model = StepCostModel(decay=0.999)
+    for _ in range(2000):
+        n = int(rng.integers(1, 64))
+        model.observe(n, 0.040 + 0.0008 * n + rng.normal(0, 0.002))
+    a, b = model.coefficients()
+    assert a == pytest.approx(0.040, abs=0.001)
+    assert b == pytest.approx(0.0008, abs=0.00005)
+    assert model.predict(10) == pytest.approx(0.048, abs=0.001)
+
+
+def test_cost_model_without_spread_keeps_the_prior_slope() -> None:
+    model = StepCostModel(slope_prior=0.01)
+    for _ in range(200):
+        model.observe(25, 0.060)          # every step the same size: slope unidentifiable
+    a, b = model.coefficients()
+    assert b == pytest.approx(0.01 * 0.060, rel=1e-6)
+    assert a + 25 * b == pytest.approx(0.060, rel=1e-6)
+
+
+def test_cost_model_flags_idle_gaps() -> None:
+    model = StepCostModel()
+    for n in range(1, 20):
+        model.observe(n, 0.05)
+    assert model.is_outlier(5, 2.0)
+    assert not model.is_outlier(5, 0.06)
+
+
+def test_gain_model_learns_the_full_budget_gain_from_large_trees_only() -> None:
+    model = GainModel(max_nodes=24)
+    assert model.shape(0) == 0.0 and model.shape(24) == pytest.approx(1.0)
+    shapes = model.shape(np.arange(25))
+    assert np.all(np.diff(shapes) > 0) and np.all(np.diff(shapes, 2) < 0)  # concave
+    for _ in range(1000):
+        model.record(24, 1)
+    assert model.full_gain == pytest.approx(1.0, abs=1e-3)
+    for _ in range(1000):
+        model.record(12, 1)            # half budget: 1 token there means more at full
+    assert model.full_gain == pytest.approx(1 / float(model.shape(12)), rel=1e-3)
+    before = model.full_gain
+    for _ in range(1000):
+        model.record(3, 0)             # starved trees: not learned from
+    assert model.full_gain == before
+
+
+def _policy(slope: float, gain: float) -> BudgetPolicy:
+    policy = BudgetPolicy(max_nodes=24, explore_every=0)
+    for n in range(1, 60):
+        policy.cost.observe(n, 0.05 + slope * n)
+    for _ in range(500):
+        policy.gain.record(24, round(gain))
+    return policy
+
+
+def test_policy_uses_the_whole_tree_when_rows_are_free() -> None:
+    assert _policy(slope=0.0, gain=1).choose(1, 1) == 24
+
+
+def test_policy_budget_shrinks_with_load_down_to_no_drafts() -> None:
+    policy = _policy(slope=0.0005, gain=1)
+    budgets = [policy.choose(r, r) for r in (1, 4, 16, 32, 64)]
+    assert budgets == sorted(budgets, reverse=True)
+    assert 0 < budgets[0] and budgets[-1] == 0
+    assert _policy(slope=0.0005, gain=0).choose(1, 1) == 0   # nothing is ever accepted
+
+
+def test_policy_explores_half_the_budget_every_kth_step() -> None:
+    policy = _policy(slope=0.0, gain=1)
+    policy.explore_every = 4
+    assert [policy.choose(1, 1) for _ in range(8)] == [24, 24, 24, 12] * 2
+
+
+def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:
+    policy = BudgetPolicy(max_nodes=16)
+    assert policy.choose(8, 8) == 16
+    assert policy.choose(8, 0) == 0
