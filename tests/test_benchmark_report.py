@@ -192,3 +192,52 @@ def test_server_mode_counts_tokens_and_mismatches_against_a_plain_reference(tmp_
     assert rows[1]["mismatches"] == 1
     outputs.add_speedups(rows)
     assert rows[1]["speedup"] is not None
+
+
+class _FakeLLM:
+    """An offline engine stand-in: answers each prompt with its own label's tokens and logs
+    every generate call in a shared list, so the order in which methods ran is visible."""
+
+    def __init__(self, label: str, log: list, tokens: list[int]):
+        self.label, self.log, self.tokens = label, log, tokens
+        self.tokenizer = SimpleNamespace(
+            apply_chat_template=lambda msgs, tokenize, add_generation_prompt: msgs[-1]["content"])
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def reset_prefix_cache(self):
+        pass
+
+    def get_metrics(self):
+        return []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.log.append((self.label, tuple(prompts)))
+        out = SimpleNamespace(text="a", token_ids=list(self.tokens))
+        return [SimpleNamespace(outputs=[out]) for _ in prompts]
+
+
+def test_interleaved_runs_take_turns_per_generate_call_and_compare_with_plain(monkeypatch):
+    from benchmarks.ptd_bench import main as bench_main
+    from benchmarks.ptd_bench import offline
+    from benchmarks.ptd_bench.methods import Method
+
+    log: list = []
+    answers = {"plain": [1, 2, 3], "other": [1, 2, 4]}
+    monkeypatch.setattr(offline, "build_engine",
+                        lambda m, *a: _FakeLLM(m.label, log, answers[m.label]))
+    monkeypatch.setattr(offline, "warm_up", lambda llm: None)
+    args = SimpleNamespace(interleave=True, model=None, dtype="float32", concurrency=[2],
+                           max_model_len=64, compile=False, max_tokens=8, no_progress=True,
+                           save_outputs=False, temperature=0.0, top_p=1.0, seed=0)
+    wl = Workload("gsm8k", [["q1"], ["q2"], ["q3"]])
+    methods_ = [Method("plain", "plain"), Method("other", "ngram")]
+    rows, sweep = bench_main.run_offline(args, methods_, [wl])
+    assert sweep == []
+    # groups of 2 then 1 requests, the two engines alternating
+    assert log == [("plain", ("q1", "q2")), ("other", ("q1", "q2")),
+                   ("plain", ("q3",)), ("other", ("q3",))]
+    assert [r["method"] for r in rows] == ["plain", "other"]
+    assert rows[0]["mismatches"] is None and rows[1]["mismatches"] == 3
+    assert rows[1]["tokens"] == 9

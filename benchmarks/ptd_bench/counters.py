@@ -37,8 +37,38 @@ def read_ptd(llm) -> dict:
     }
 
 
+def _own_spec_counters(llm) -> dict | None:
+    """This engine's own spec-decode counters, read from its Prometheus stat logger. With
+    several engines in one process (`--interleave`) the registry behind `get_metrics` holds
+    only the last engine's collectors, so each engine's counters are read directly."""
+    manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+    for logger in getattr(manager, "stat_loggers", None) or ():
+        prom = getattr(logger, "spec_decoding_prom", None)
+        if prom is None:
+            continue
+        def total(counters) -> int:
+            items = counters.values() if isinstance(counters, dict) else counters
+            return int(sum(c._value.get() for c in items))
+        by_pos = [0] * max((len(v) for v in
+                            prom.counter_spec_decode_num_accepted_tokens_per_pos.values()),
+                           default=0)
+        for children in prom.counter_spec_decode_num_accepted_tokens_per_pos.values():
+            by_pos = _add(by_pos, [int(c._value.get()) for c in children])
+        return {"drafts": total(prom.counter_spec_decode_num_drafts),
+                "draft_tokens": total(prom.counter_spec_decode_num_draft_tokens),
+                "accepted": total(prom.counter_spec_decode_num_accepted_tokens),
+                "by_depth": by_pos}
+    return None
+
+
 def read_vllm(llm) -> dict:
     """Cumulative spec-decode counters of vLLM (zeros without speculation)."""
+    try:
+        own = _own_spec_counters(llm)
+    except (AttributeError, TypeError):  # another vLLM layout: use the registry below
+        own = None
+    if own is not None:
+        return own
     out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "by_depth": []}
     for metric in llm.get_metrics():
         if metric.name in _VLLM:

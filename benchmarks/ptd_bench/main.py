@@ -15,7 +15,7 @@ from pathlib import Path
 from . import offline, plots, report, server
 from .methods import Method, build_methods, parse_ptd_config, sweep_methods
 from .options import apply_smoke, parser
-from .outputs import add_speedups
+from .outputs import add_speedups, compare
 from .workloads import load_workload
 
 
@@ -50,7 +50,51 @@ def machine_meta() -> dict:
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def run_offline_interleaved(args, methods: list[Method], workloads) -> list[dict]:
+    """Every method's engine alive at once, in this process, taking turns one `generate`
+    call (one group of `concurrency` requests) at a time, so a slow spell of a shared machine
+    hits all methods alike instead of whichever ran then. Mismatches are checked against
+    plain's outputs once the workload is done."""
+    # In-process engines: a second engine-core process per idle method would poll a core.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM 0.32 re-scans every loaded module when an engine starts; once the ngram engine
+    # has loaded numba, that scan fails on numba's objects, so ngram's engine starts last.
+    order = sorted(methods, key=lambda m: m.kind == "ngram")
+    engines = {}
+    for method in order:
+        print(f"[bench] {method.label}: starting the engine", file=sys.stderr, flush=True)
+        engines[method.label] = offline.build_engine(
+            method, args.model, args.dtype, max(args.concurrency), args.max_model_len,
+            not args.compile)
+        offline.warm_up(engines[method.label])
+    rows = []
+    for conc in args.concurrency:
+        for workload in workloads:
+            turns = {m.label: offline.iter_workload(engines[m.label], m, workload, conc,
+                                                    args.max_tokens, None, False,
+                                                    sampling_of(args)) for m in methods}
+            results = {}
+            while turns:
+                for label in list(turns):
+                    result = next(turns[label])
+                    if result is not None:
+                        results[label] = result
+                        del turns[label]
+            plain = next((results[m.label][1] for m in methods if m.kind == "plain"), None)
+            for method in methods:
+                row, outputs = results[method.label]
+                if plain is not None and method.kind != "plain":
+                    row.update(compare(outputs, plain, workload))
+                if args.save_outputs:
+                    row["outputs"] = outputs
+                rows.append(row)
+                print(f"[bench] {_summary(row)}", file=sys.stderr, flush=True)
+    return rows
+
+
 def run_offline(args, methods: list[Method], workloads) -> tuple[list[dict], list[dict]]:
+    if args.interleave:
+        return run_offline_interleaved(args, methods, workloads), []
     rows, sweep, plain = [], [], {}
     progress = not args.no_progress
     by_name = {w.dataset: w for w in workloads}
@@ -135,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [load_workload(d, args.prompts) for d in args.datasets]
     if args.server_url and args.temperature > 0.0:
         raise SystemExit("--temperature applies to offline runs only")
+    if args.interleave and (args.sweep or args.server_url):
+        raise SystemExit("--interleave applies to offline runs without --sweep")
     meta = {**machine_meta(), "dtype": args.dtype, "max_tokens": args.max_tokens,
             "sampling": sampling_of(args),
             "prompts": args.prompts, "concurrency": args.concurrency,

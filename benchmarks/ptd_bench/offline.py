@@ -60,6 +60,19 @@ def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_
 
     sampling: SamplingParams keywords (default greedy); a "seed" becomes seed + the
     request's index, the same for every method."""
+    steps = iter_workload(llm, method, workload, concurrency, max_tokens, reference, progress,
+                          sampling)
+    for result in steps:
+        if result is not None:
+            return result
+    raise AssertionError("iter_workload ended without a result")
+
+
+def iter_workload(llm, method: Method, workload: Workload, concurrency: int, max_tokens: int,
+                  reference: list[list[int]] | None = None, progress: bool = True,
+                  sampling: dict | None = None):
+    """`run_workload` one `generate` call at a time: yields None after each call and the
+    (row, outputs) result last, so that several methods can take turns (`--interleave`)."""
     from vllm import SamplingParams
 
     reset_caches(llm, method)
@@ -90,6 +103,7 @@ def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_
                 answers[i].append(out.outputs[0].text)
                 ids[(i, turn)] = list(out.outputs[0].token_ids)
             bar.update(len(idx))
+            yield None
     bar.close()
     outputs = [ids[(i, t)] for i in range(len(convs)) for t in range(len(convs[i]))]
     tokens = sum(map(len, outputs))
@@ -104,4 +118,4 @@ def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_
            "dataset": workload.dataset, "concurrency": concurrency, "requests": len(outputs),
            "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
            **metrics, **compare(outputs, reference, workload)}
-    return row, outputs
+    yield row, outputs

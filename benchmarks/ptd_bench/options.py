@@ -45,6 +45,10 @@ def parser() -> argparse.ArgumentParser:
                    help="PTD configs, one row each (default: '{}', PTD's defaults for the platform)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests (or server clients) at once; 1 is batch 1, e.g. 1 4 16 32")
+    p.add_argument("--interleave", action="store_true",
+                   help="keep every method's engine alive (in-process) and run each workload "
+                        "with all methods back to back: ratios robust to a shared machine's "
+                        "slow spells (not with --sweep)")
     p.add_argument("--compile", action="store_true",
                    help="let vLLM compile / capture graphs (default: enforce_eager)")
     p.add_argument("--sweep", action="store_true",
