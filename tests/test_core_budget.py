@@ -14,19 +14,35 @@ def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
     for _ in range(2000):
         n = int(rng.integers(1, 64))
         model.observe(n, 0.040 + 0.0008 * n + rng.normal(0, 0.002))
-    a, b = model.coefficients()
-    assert a == pytest.approx(0.040, abs=0.001)
+    a, b, c = model.coefficients()
+    assert a + c == pytest.approx(0.040, abs=0.001)
     assert b == pytest.approx(0.0008, abs=0.00005)
     assert model.predict(10) == pytest.approx(0.048, abs=0.001)
+
+
+def test_cost_model_separates_the_price_of_any_tree_from_the_price_per_row() -> None:
+    rng = np.random.default_rng(1)
+    model = StepCostModel(decay=0.999)
+    for step in range(3000):
+        if step % 8 == 0:   # plain steps of 1..4 requests
+            n, tree = int(rng.integers(1, 5)), False
+        else:
+            n, tree = int(rng.integers(10, 60)), True
+        model.observe(n, 0.040 + 0.006 * tree + 0.0008 * n + rng.normal(0, 0.002), tree)
+    a, b, c = model.coefficients()
+    assert a == pytest.approx(0.040, abs=0.001)
+    assert c == pytest.approx(0.006, abs=0.001)
+    assert b == pytest.approx(0.0008, abs=0.00005)
+    assert model.predict(4, has_tree=False) == pytest.approx(0.0432, abs=0.001)
 
 
 def test_cost_model_without_spread_keeps_the_prior_slope() -> None:
     model = StepCostModel(slope_prior=0.01)
     for _ in range(200):
         model.observe(25, 0.060)          # every step the same size: slope unidentifiable
-    a, b = model.coefficients()
+    a, b, c = model.coefficients()
     assert b == pytest.approx(0.01 * 0.060, rel=1e-6)
-    assert a + 25 * b == pytest.approx(0.060, rel=1e-6)
+    assert a + c + 25 * b == pytest.approx(0.060, rel=1e-6)
 
 
 def test_cost_model_flags_idle_gaps() -> None:
@@ -78,7 +94,7 @@ def test_policy_budget_shrinks_with_load_down_to_no_drafts() -> None:
 def test_policy_explores_half_the_budget_every_kth_step() -> None:
     policy = _policy(slope=0.0, gain=1)
     policy.explore_every = 4
-    assert [policy.choose(1, 1) for _ in range(8)] == [24, 24, 24, 12] * 2
+    assert [policy.choose(1, 1) for _ in range(8)] == [24, 24, 24, 12, 24, 24, 24, 0]
 
 
 def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:

@@ -7,9 +7,9 @@ committed tokens per second:
 
 R requests are in the batch (each commits one token without drafts), D of them may draft.
 
-- `step_time` is `StepCostModel`: a line a + b * N fitted online to measured step periods
-  against the tokens each step scheduled. Prefill chunks, tree sizes and batch sizes give it
-  the spread it needs; a ridge prior on the slope keeps it sane until then. On a GPU at
+- `step_time` is `StepCostModel`: a + c * [any tree rows] + b * N, fitted online to measured
+  step periods against the tokens each step scheduled (tree sizes, batch sizes and the
+  exploration below give it the spread it needs; ridge priors keep it sane until then). On a GPU at
   small batch b is close to 0 and the full budget pays; on a CPU, or with a large batch,
   every row costs and the budget shrinks, down to no drafts at all.
 - `G * s(n)` is `GainModel`: accepted tokens per request-step with n rows. The shape s is a
@@ -18,9 +18,10 @@ R requests are in the batch (each commits one token without drafts), D of them m
   levels) carry most of the acceptance. Measured on the embedded model (bf16, CPU, MT-Bench
   and GSM8K): 12 of 24 rows kept 72% of the 24-row gain; the curve says 73%. The scale G
   (accepted tokens per step at the full budget) is measured on the running workload.
-- Exploration: every 8th step runs half the chosen budget, so that the cost model sees more
-  than one batch size even when the load is steady (otherwise its slope is the prior's).
-  Steps that carry a prefill chunk are not timed: prompt tokens cost less than tree rows.
+- Exploration: every 8th step runs half the chosen budget or, every other time, none, so
+  that the cost model sees other step sizes and steps without trees even when the load is
+  steady (otherwise its slope is the prior's and its jump unknown). Steps that carry a
+  prefill chunk are not timed: prompt tokens cost less than tree rows.
 
 Why not measure each row's worth directly: T's rows are never accepted in their own step;
 they pay later, through the pool they fill. A model fitted only to what C accepts
@@ -40,44 +41,46 @@ import numpy as np
 
 @dataclass
 class StepCostModel:
-    """Step time (s) as a + b * tokens, fitted online with exponential forgetting."""
+    """Step time (s) as a + c * [the step has tree rows] + b * tokens, fitted online by
+    least squares with exponential forgetting. The jump c is the fixed price of any tree in
+    a step (the tree-attention path in every layer, PTD's bookkeeping), which a plain line
+    through tree steps would smear over every row and misplace the cost of no drafts."""
 
     decay: float = 0.98              # weight of a sample after each newer one
     slope_prior: float = 0.01        # prior b as a fraction of the mean step time
-    prior_strength: float = 2000.0   # ridge weight on the slope (token^2 units)
+    prior_strength: float = 2000.0   # ridge weight on b toward that prior (token^2 units)
+    jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
     samples: int = 0
-    _s0: float = 0.0
-    _s1: float = 0.0
-    _s2: float = 0.0
-    _sy: float = 0.0
-    _sxy: float = 0.0
+    _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
+    _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        self._s0 = d * self._s0 + 1.0
-        self._s1 = d * self._s1 + tokens
-        self._s2 = d * self._s2 + tokens * tokens
-        self._sy = d * self._sy + seconds
-        self._sxy = d * self._sxy + tokens * seconds
+    def observe(self, tokens: int, seconds: float, has_tree: bool = True) -> None:
+        x = np.array([1.0, float(has_tree), float(tokens)])
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + seconds * x
         self.samples += 1
 
-    def coefficients(self) -> tuple[float, float]:
-        """(a, b); (0, 0) before any sample."""
-        if self._s0 == 0.0:
-            return 0.0, 0.0
-        mean_n, mean_y = self._s1 / self._s0, self._sy / self._s0
-        # Least squares with a ridge pulling b toward slope_prior * mean step time, in
-        # centred form: b = (cov + lam * b0) / (var + lam), a = mean_y - b * mean_n.
-        b0 = self.slope_prior * mean_y
-        var = self._s2 - self._s0 * mean_n * mean_n
-        cov = self._sxy - self._s0 * mean_n * mean_y
-        b = max((cov + self.prior_strength * b0) / (var + self.prior_strength), 0.0)
-        a = max(mean_y - b * mean_n, 0.0)
-        return a, b
+    def coefficients(self) -> tuple[float, float, float]:
+        """(a, b, c); zeros before any sample."""
+        weight = self._xtx[0, 0]
+        if weight == 0.0:
+            return 0.0, 0.0, 0.0
+        mean_n, mean_y = self._xtx[0, 2] / weight, self._xty[0] / weight
+        # Centre the token column so that the ridge on b does not pull the intercept.
+        centre = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-mean_n, 0.0, 1.0]])
+        xtx = centre @ self._xtx @ centre.T
+        xty = centre @ self._xty
+        ridge = np.diag([1e-9, self.jump_strength, self.prior_strength])
+        target = np.array([0.0, 0.0, self.slope_prior * mean_y])
+        a_c, c, b = np.linalg.solve(xtx + ridge, xty + ridge @ target)
+        b = max(float(b), 0.0)
+        # back from the centred intercept: y = a_c + c*t + b*(n - mean_n)
+        a = max(float(a_c) - b * mean_n, 0.0)
+        return a, b, max(float(c), 0.0)
 
-    def predict(self, tokens: float) -> float:
-        a, b = self.coefficients()
-        return a + b * tokens
+    def predict(self, tokens: float, has_tree: bool = True) -> float:
+        a, b, c = self.coefficients()
+        return a + c * has_tree + b * tokens
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
         """An interval far beyond the model: the engine sat idle between two steps."""
@@ -139,13 +142,16 @@ class BudgetPolicy:
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
         n = np.arange(self.max_nodes + 1)
-        a, b = self.cost.coefficients()
+        a, b, c = self.cost.coefficients()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-        rate = tokens / np.maximum(a + b * (num_requests + num_drafting * n), 1e-9)
+        seconds = a + c * (n > 0) + b * (num_requests + num_drafting * n)
+        rate = tokens / np.maximum(seconds, 1e-9)
         best = int(np.argmax(rate))
         if rate[best] <= self.min_improvement * rate[0]:
             return 0
         self._choices += 1
         if self.explore_every and self._choices % self.explore_every == 0:
-            return best // 2
+            # Alternate half the budget and none: the model needs other batch sizes and
+            # steps without trees to place its slope and its jump.
+            return 0 if self._choices % (2 * self.explore_every) == 0 else best // 2
         return best

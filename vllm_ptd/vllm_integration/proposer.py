@@ -74,7 +74,8 @@ class PTDProposer:
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
         self.budget_sum = 0                        # step_budget summed over drafting steps
         self.budget_steps = 0
-        self._step_mark: tuple[float, int] | None = None  # (start, tokens) of the last step
+        # (start, tokens or -1 with prefill, has tree rows) of the last step
+        self._step_mark: tuple[float, int, bool] | None = None
 
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
@@ -103,17 +104,18 @@ class PTDProposer:
             self.injected_faults[stage] = left - 1
             raise RuntimeError(f"injected PTD fault ({stage})")
 
-    def step_started(self, num_tokens: int, has_prefill: bool) -> None:
+    def step_started(self, num_tokens: int, has_prefill: bool, has_tree: bool) -> None:
         """Called as each forward step is prepared: the interval since the previous step's
         start is that step's period, a sample of the cost model unless that step carried
         prompt tokens (cheaper per token than tree rows; see core/budget.py)."""
         now = time.perf_counter()
-        mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens)
+        mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens,
+                                                  has_tree)
         if self.policy is None or mark is None or mark[1] < 0:
             return
         seconds = now - mark[0]
         if not self.policy.cost.is_outlier(mark[1], seconds):
-            self.policy.cost.observe(mark[1], seconds)
+            self.policy.cost.observe(mark[1], seconds, mark[2])
 
     def num_live_states(self) -> int:
         return len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
@@ -130,8 +132,8 @@ class PTDProposer:
                "mean_budget": (self.budget_sum / self.budget_steps if self.budget_steps
                                else float(self.config.max_nodes))}
         if self.policy is not None:
-            a, b = self.policy.cost.coefficients()
-            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b}
+            a, b, c = self.policy.cost.coefficients()
+            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b, "c_tree": 1e3 * c}
             out["full_budget_gain"] = self.policy.gain.full_gain
         return out
 

@@ -102,9 +102,9 @@ def make_prepare_inputs(original):
             # Decode rows are one token per request plus its drafts; anything more is
             # prompt (prefill or a chunk of it).
             total = scheduler_output.total_num_scheduled_tokens
-            decode = len(scheduler_output.num_scheduled_tokens) + sum(
-                map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
-            drafter.step_started(total, has_prefill=total > decode)
+            drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+            decode = len(scheduler_output.num_scheduled_tokens) + drafts
+            drafter.step_started(total, has_prefill=total > decode, has_tree=drafts > 0)
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
