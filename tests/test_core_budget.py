@@ -46,6 +46,9 @@ def test_cost_model_without_spread_keeps_the_prior_slope() -> None:
 
 
 def test_cost_model_flags_idle_gaps() -> None:
+    early = StepCostModel()
+    early.observe(25, 0.06)
+    assert early.is_outlier(25, 1.5)       # even before the model can predict
     model = StepCostModel()
     for n in range(1, 20):
         model.observe(n, 0.05)
@@ -61,13 +64,20 @@ def test_gain_model_learns_the_full_budget_gain_from_large_trees_only() -> None:
     for _ in range(1000):
         model.record(24, 1)
     assert model.full_gain == pytest.approx(1.0, abs=1e-3)
+    low = GainModel(max_nodes=24)
+    for _ in range(1000):
+        low.record(24, 0)
+    assert low.measured_gain < 1e-3 and low.full_gain == low.floor
     for _ in range(1000):
         model.record(12, 1)            # half budget: 1 token there means more at full
     assert model.full_gain == pytest.approx(1 / float(model.shape(12)), rel=1e-3)
     before = model.full_gain
     for _ in range(1000):
         model.record(3, 0)             # starved trees: not learned from
+        model.record(24, 0, request_steps=5)   # nor a young request's steps
     assert model.full_gain == before
+    model.record(24, 0, request_steps=16)
+    assert model.full_gain < before
 
 
 def _policy(slope: float, gain: float) -> BudgetPolicy:
@@ -88,13 +98,14 @@ def test_policy_budget_shrinks_with_load_down_to_no_drafts() -> None:
     budgets = [policy.choose(r, r) for r in (1, 4, 16, 32, 64)]
     assert budgets == sorted(budgets, reverse=True)
     assert 0 < budgets[0] and budgets[-1] == 0
-    assert _policy(slope=0.0005, gain=0).choose(1, 1) == 0   # nothing is ever accepted
+    costly = _policy(slope=0.003, gain=0)      # nothing accepted, rows expensive
+    assert costly.choose(1, 1) == 0
 
 
 def test_policy_explores_half_the_budget_every_kth_step() -> None:
     policy = _policy(slope=0.0, gain=1)
     policy.explore_every = 4
-    assert [policy.choose(1, 1) for _ in range(8)] == [24, 24, 24, 12, 24, 24, 24, 0]
+    assert [policy.choose(1, 1) for _ in range(16)] == [24, 24, 24, 12] * 3 + [24, 24, 24, 0]
 
 
 def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:

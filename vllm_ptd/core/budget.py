@@ -1,7 +1,7 @@
 """Load-adaptive node budget: how many tree rows each drafting request gets in the next step.
 
-The policy picks the per-request budget n (0..max_nodes) that maximises the batch's expected
-committed tokens per second:
+The policy picks the per-request budget n, the full tree (max_nodes) or none, whichever
+maximises the batch's expected committed tokens per second:
 
     rate(n) = (R + D * G * s(n)) / step_time(R + D * n)
 
@@ -17,8 +17,10 @@ R requests are in the batch (each commits one token without drafts), D of them m
   tau = max_nodes / 2 (s(max_nodes) = 1): the first rows (C's best branches, T's first
   levels) carry most of the acceptance. Measured on the embedded model (bf16, CPU, MT-Bench
   and GSM8K): 12 of 24 rows kept 72% of the 24-row gain; the curve says 73%. The scale G
-  (accepted tokens per step at the full budget) is measured on the running workload.
-- Exploration: every 8th step runs half the chosen budget or, every other time, none, so
+  (accepted tokens per step at the full budget) is measured on the running workload, from
+  steps of requests past their first 16 drafted steps (a young request's pool and T are
+  still filling; learning from them drove G, and with it the budget, to zero at batch 1).
+- Exploration: every 8th step runs half the chosen budget, every 32nd none, so
   that the cost model sees other step sizes and steps without trees even when the load is
   steady (otherwise its slope is the prior's and its jump unknown). Steps that carry a
   prefill chunk are not timed: prompt tokens cost less than tree rows.
@@ -51,10 +53,12 @@ class StepCostModel:
     prior_strength: float = 2000.0   # ridge weight on b toward that prior (token^2 units)
     jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
     samples: int = 0
+    fastest: float = float("inf")    # shortest step seen (s): the outlier guard's yardstick
     _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
     _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
 
     def observe(self, tokens: int, seconds: float, has_tree: bool = True) -> None:
+        self.fastest = min(self.fastest, seconds)
         x = np.array([1.0, float(has_tree), float(tokens)])
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
@@ -83,7 +87,10 @@ class StepCostModel:
         return a + c * has_tree + b * tokens
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
-        """An interval far beyond the model: the engine sat idle between two steps."""
+        """An interval far beyond any step: the engine sat idle between two steps (one such
+        sample among the first few once set the slope 50x too high and stopped drafting)."""
+        if seconds > 4.0 * self.fastest + 0.05:
+            return True
         return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
 
 
@@ -93,8 +100,10 @@ class GainModel:
 
     max_nodes: int
     decay: float = 0.99        # per learning request-step
-    prior_gain: float = 0.5    # G before measurements
+    prior_gain: float = 1.0    # G before measurements
     prior_steps: float = 10.0  # its weight in request-steps
+    mature_steps: int = 16     # a request's first steps are not learned from
+    floor: float = 0.6         # G used is never below this (see `full_gain`)
     _sum: float = field(init=False)
     _weight: float = field(init=False)
 
@@ -107,17 +116,29 @@ class GainModel:
         tau = max(self.max_nodes, 1) / 2.0
         return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-2.0))
 
-    def record(self, rows: int, accepted: int) -> None:
-        """One request-step that ran `rows` rows besides x and accepted `accepted` tokens."""
+    def record(self, rows: int, accepted: int, request_steps: int | None = None) -> None:
+        """One request-step that ran `rows` rows besides x and accepted `accepted` tokens,
+        the request's `request_steps`-th drafted step (None: mature)."""
         if rows * 2 < self.max_nodes:
             return   # a starved tree says little about the full budget's worth
+        if request_steps is not None and request_steps < self.mature_steps:
+            return   # the pool and T of a young request are still filling
         self._sum = self.decay * self._sum + accepted / float(self.shape(rows))
         self._weight = self.decay * self._weight + 1.0
 
     @property
-    def full_gain(self) -> float:
-        """G: accepted tokens per request-step at the full budget."""
+    def measured_gain(self) -> float:
         return self._sum / self._weight
+
+    @property
+    def full_gain(self) -> float:
+        """G: accepted tokens per request-step at the full budget, as measured but never
+        below `floor`. A measured G can only come from drafted steps, and a budget cut to
+        zero stops T and the pool from growing, so a low estimate would never be revised
+        (seen at batch 1: G fell to 0.45 on young requests and drafting stopped for good).
+        At the floor, trees still pay at batch 1 on this CPU and stop paying from a few
+        requests per step on."""
+        return max(self.measured_gain, self.floor)
 
 
 @dataclass
@@ -141,17 +162,21 @@ class BudgetPolicy:
             return 0
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
-        n = np.arange(self.max_nodes + 1)
+        # The full tree or none: a tree cut short starves T, whose rows feed the pool that
+        # C draws from, and the gain measured under that regime falls with it (measured:
+        # with every size from 0 to max_nodes allowed, batch 1 settled near 5 rows and
+        # DE 1.1 instead of 2). Intermediate sizes are only visited by exploration.
+        n = np.array([0, self.max_nodes])
         a, b, c = self.cost.coefficients()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
         seconds = a + c * (n > 0) + b * (num_requests + num_drafting * n)
         rate = tokens / np.maximum(seconds, 1e-9)
-        best = int(np.argmax(rate))
-        if rate[best] <= self.min_improvement * rate[0]:
+        best = int(n[int(np.argmax(rate))])
+        if rate.max() <= self.min_improvement * rate[0]:
             return 0
         self._choices += 1
         if self.explore_every and self._choices % self.explore_every == 0:
             # Alternate half the budget and none: the model needs other batch sizes and
             # steps without trees to place its slope and its jump.
-            return 0 if self._choices % (2 * self.explore_every) == 0 else best // 2
+            return 0 if self._choices % (4 * self.explore_every) == 0 else best // 2
         return best

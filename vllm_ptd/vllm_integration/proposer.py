@@ -228,7 +228,8 @@ class PTDProposer:
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
             if self.policy is not None:
-                self.policy.gain.record(len(layout) - 1, len(result.accepted))
+                self.policy.gain.record(len(layout) - 1, len(result.accepted),
+                                        state.stats.steps)
             for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
                 self.accepted_by_depth[k] += 1
         self.pending.pop(req_id, None)
