@@ -314,8 +314,9 @@ def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_
                   f"aborted by the server, server RSS {rss[-1]:.0f} MiB, mean budget "
                   f"{snap['mean_budget']:.1f} rows")
             # 16 requests per step on 2 cores: tree rows are far from free, so the adaptive
-            # budget (on by default) must have cut the trees below max_nodes.
-            assert snap["mean_budget"] < PTD_SPEC["max_nodes"], snap
+            # budget (on by default: full tree or none) must have dropped the tree on a good
+            # share of steps (its exploration alone keeps the mean near 0.9 * max_nodes).
+            assert snap["mean_budget"] < 0.75 * PTD_SPEC["max_nodes"], snap
             record_property(f"round{round_no}_seconds", round(seconds, 1))
         assert server.healthy()
     growth = rss[1] - rss[0]

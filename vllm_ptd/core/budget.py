@@ -1,7 +1,7 @@
 """Load-adaptive node budget: how many tree rows each drafting request gets in the next step.
 
-The policy picks the per-request budget n, the full tree (max_nodes) or none, whichever
-maximises the batch's expected committed tokens per second:
+The policy picks, for the whole batch, the full tree (max_nodes rows per drafting request)
+or none, whichever maximises the batch's expected committed tokens per second:
 
     rate(n) = (R + D * G * s(n)) / step_time(R + D * n)
 
@@ -9,26 +9,25 @@ R requests are in the batch (each commits one token without drafts), D of them m
 
 - `step_time` is `StepCostModel`: a + c * [any tree rows] + b * N, fitted online to measured
   step periods against the tokens each step scheduled (tree sizes, batch sizes and the
-  exploration below give it the spread it needs; ridge priors keep it sane until then). On a GPU at
-  small batch b is close to 0 and the full budget pays; on a CPU, or with a large batch,
-  every row costs and the budget shrinks, down to no drafts at all.
-- `G * s(n)` is `GainModel`: accepted tokens per request-step with n rows. The shape s is a
-  saturating curve, s(n) = (1 - exp(-n / tau)) / (1 - exp(-max_nodes / tau)) with
-  tau = max_nodes / 2 (s(max_nodes) = 1): the first rows (C's best branches, T's first
-  levels) carry most of the acceptance. Measured on the embedded model (bf16, CPU, MT-Bench
-  and GSM8K): 12 of 24 rows kept 72% of the 24-row gain; the curve says 73%. The scale G
-  (accepted tokens per step at the full budget) is measured on the running workload, from
-  steps of requests past their first 16 drafted steps (a young request's pool and T are
-  still filling; learning from them drove G, and with it the budget, to zero at batch 1).
-- Exploration: every 8th step runs half the chosen budget, every 32nd none, so
-  that the cost model sees other step sizes and steps without trees even when the load is
-  steady (otherwise its slope is the prior's and its jump unknown). Steps that carry a
-  prefill chunk are not timed: prompt tokens cost less than tree rows.
+  exploration below give it the spread it needs; ridge priors keep it sane until then;
+  idle gaps and steps with prompt tokens are not samples). On a GPU at small batch b is
+  close to 0 and the tree pays; on a CPU, or with a large batch, rows cost and the tree
+  stops paying.
+- `G * s(n)` is `GainModel`: accepted tokens per request-step with n rows; s is a saturating
+  curve with s(max_nodes) = 1 (tau = max_nodes / 2; on the embedded model 12 of 24 rows kept
+  72% of the 24-row gain, the curve says 73%), used for the exploration steps. G is measured
+  on the running workload, from steps of requests past their first 16 drafted steps, and
+  never taken below a floor.
+- Exploration: every 8th step runs half the budget and every 32nd none, so that the cost
+  model sees other step sizes and steps without trees under a steady load (otherwise its
+  slope is the prior's and its jump unknown).
 
-Why not measure each row's worth directly: T's rows are never accepted in their own step;
-they pay later, through the pool they fill. A model fitted only to what C accepts
-starves T, the pool dries up and the budget spirals down. G is therefore learned only from
-steps that ran at least half the full budget, where the pool is fed as designed.
+Why all or nothing: T's rows are never accepted in their own step; they pay later, through
+the pool they fill. Any smaller tree starves T, the gain measured under it falls and the
+budget spirals down: allowing every size from 0 to max_nodes settled near 5 rows and 1.1
+tokens per step at batch 1 (the full tree gives about 2), and learning G from young
+requests drove it to no drafts at all. The floor on G exists for the same reason: G can
+only be measured while drafting, so an estimate that stops drafting would never be revised.
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
