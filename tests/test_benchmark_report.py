@@ -3,6 +3,7 @@ mismatch counts, the paper-style markdown, the PNG plots and the server client p
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,6 +224,9 @@ def test_interleaved_runs_take_turns_per_generate_call_and_compare_with_plain(mo
     from benchmarks.ptd_bench import offline
     from benchmarks.ptd_bench.methods import Method
 
+    # The interleaved runner switches vLLM to in-process engines for the rest of its
+    # process; keep that from leaking into later tests that start real engines.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     log: list = []
     answers = {"plain": [1, 2, 3], "other": [1, 2, 4]}
     monkeypatch.setattr(offline, "build_engine",
@@ -241,3 +245,4 @@ def test_interleaved_runs_take_turns_per_generate_call_and_compare_with_plain(mo
     assert [r["method"] for r in rows] == ["plain", "other"]
     assert rows[0]["mismatches"] is None and rows[1]["mismatches"] == 3
     assert rows[1]["tokens"] == 9
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"   # restored at teardown
