@@ -96,8 +96,8 @@ def ptd_llm():
     from vllm_ptd.engine_utils import make_llm
 
     # A fixed budget: these tests measure the algorithm's tokens per step at the configured
-    # tree size (the adaptive budget trades some of it for step time; the serve, load and
-    # bad-input tests run with it on).
+    # tree size (the adaptive budget trades some of it for step time; the serve tests run
+    # with it on, its policy is unit-tested in test_core_budget.py).
     llm = make_llm(ptd={"adaptive_budget": 0}, max_num_seqs=16)
     yield llm
     del llm

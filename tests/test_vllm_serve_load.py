@@ -35,7 +35,9 @@ MAX_MODEL_LEN = 2048
 # A smaller node budget than the CPU default (24/16): every PTD path (C and T rows, tree
 # verification, KV compaction, state release) is exercised, while a step of 16 requests stays
 # affordable on the 2-core CI machine (each tree row is a token the target runs).
-PTD_SPEC = {"method": "ptd", "max_nodes": 12, "max_candidate_nodes": 8}
+# A fixed budget: under 16 clients on 2 cores the adaptive budget (the default) rightly
+# drafts nothing, and this test is about trees under load (aborts, mixed requests, memory).
+PTD_SPEC = {"method": "ptd", "max_nodes": 12, "max_candidate_nodes": 8, "adaptive_budget": 0}
 EXTENSION = "vllm_ptd.vllm_integration.introspection.PTDWorkerExtension"
 # glibc's allocator keeps freed memory and grows its arenas in large steps, which makes RSS a
 # noisy measure of what a process holds. For the memory check the server runs with a fixed
@@ -311,12 +313,7 @@ def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_
             assert n_abort // 2 <= aborted <= n_abort
             rss.append(_server_rss_mib(server))
             print(f"round {round_no}: {seconds:.0f} s, DE {tokens / steps:.2f}, {aborted} "
-                  f"aborted by the server, server RSS {rss[-1]:.0f} MiB, mean budget "
-                  f"{snap['mean_budget']:.1f} rows")
-            # 16 requests per step on 2 cores: tree rows are far from free, so the adaptive
-            # budget (on by default: full tree or none) must have dropped the tree on a good
-            # share of steps (its exploration alone keeps the mean near 0.9 * max_nodes).
-            assert snap["mean_budget"] < 0.75 * PTD_SPEC["max_nodes"], snap
+                  f"aborted by the server, server RSS {rss[-1]:.0f} MiB")
             record_property(f"round{round_no}_seconds", round(seconds, 1))
         assert server.healthy()
     growth = rss[1] - rss[0]
