@@ -20,6 +20,7 @@ import re
 import time
 
 import pytest
+from engine_helpers import settled_live_states, snapshot
 
 from vllm_ptd.config import PTD_CONFIG_KEYS
 
@@ -164,12 +165,6 @@ def _chat(tok, question: str) -> str:
                                    add_generation_prompt=True)
 
 
-def _snapshot(llm) -> dict:
-    from vllm_ptd.vllm_integration.introspection import ptd_snapshot
-
-    return llm.collective_rpc(ptd_snapshot)[0]
-
-
 def _summary(request_output) -> list[tuple]:
     """Everything a client sees of one request: per completion its tokens, text and why it
     finished."""
@@ -188,25 +183,12 @@ def _assert_idle_and_serving(ptd_llm, plain_llm, tok):
     gets plain output."""
     from vllm import SamplingParams
 
-    assert _settled_live_states(ptd_llm) == 0
-    assert _snapshot(ptd_llm)["fallbacks"] == 0
+    assert settled_live_states(ptd_llm) == 0
+    assert snapshot(ptd_llm)["fallbacks"] == 0
     got, want = _both(ptd_llm, plain_llm, [_chat(tok, "Name three colors.")],
                       SamplingParams(temperature=0.0, max_tokens=24))
     assert got == want and len(want[0][0][0]) > 0
-    assert _settled_live_states(ptd_llm) == 0
-
-
-def _settled_live_states(llm, timeout: float = 10.0) -> int:
-    """PTD's live per-request entries once the engine has told the worker about the last
-    finished or aborted requests. The scheduler passes finished ids to the worker with its
-    next step (an empty step when nothing else runs), which can come just after the front
-    end saw the request end; so poll briefly. A real leak stays above 0."""
-    deadline = time.monotonic() + timeout
-    while True:
-        live = _snapshot(llm)["live_states"]
-        if live == 0 or time.monotonic() > deadline:
-            return live
-        time.sleep(0.2)
+    assert settled_live_states(ptd_llm) == 0
 
 
 def _long_token_rows(tok) -> list[list[int]]:
@@ -231,7 +213,7 @@ def test_prompts_at_and_near_max_model_len(ptd_llm, plain_llm, tok):
     rows = _long_token_rows(tok)
     lengths = (MAX_LEN - 1, MAX_LEN - 2, MAX_LEN - 3, MAX_LEN - 7, MAX_LEN - 12, MAX_LEN - 23)
     prompts = [{"prompt_token_ids": row[:n]} for row in rows for n in lengths]
-    before = _snapshot(ptd_llm)
+    before = snapshot(ptd_llm)
     # max_tokens unset: vLLM generates up to max_model_len; 64: asks for more than fits.
     for params in (SamplingParams(temperature=0.0, max_tokens=None),
                    SamplingParams(temperature=0.0, max_tokens=64)):
@@ -243,7 +225,7 @@ def test_prompts_at_and_near_max_model_len(ptd_llm, plain_llm, tok):
                 assert len(prompt["prompt_token_ids"]) + len(tokens) <= MAX_LEN
                 if reason == "length":
                     assert len(prompt["prompt_token_ids"]) + len(tokens) == MAX_LEN
-    after = _snapshot(ptd_llm)
+    after = snapshot(ptd_llm)
     # PTD drafted right up to the limit, and paths were accepted there
     assert after["steps"] > before["steps"]
     assert after["tokens"] - before["tokens"] > after["steps"] - before["steps"]
@@ -437,9 +419,9 @@ def test_a_request_that_crosses_the_drafter_limit_mid_flight(ptd_llm, plain_llm,
     params = SamplingParams(temperature=0.0, max_tokens=64)
     want = [_summary(o) for o in plain_llm.generate(prompts, params, use_tqdm=False)]
     for batch in ([0], [1], [0, 1]):
-        before = _snapshot(ptd_llm)
+        before = snapshot(ptd_llm)
         got = [_summary(o) for o in ptd_llm.generate([prompts[i] for i in batch], params,
                                                      use_tqdm=False)]
         assert got == [want[i] for i in batch]
-        assert _snapshot(ptd_llm)["steps"] > before["steps"]  # PTD did draft here
+        assert snapshot(ptd_llm)["steps"] > before["steps"]  # PTD did draft here
     _assert_idle_and_serving(ptd_llm, plain_llm, tok)

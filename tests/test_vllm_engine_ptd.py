@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from engine_helpers import settled_live_states, snapshot
 
 from vllm_ptd.datasets import DATASETS, sample_prompts
 
@@ -71,12 +72,6 @@ def _generate_staggered(llm, prompts, every: int = 3) -> list[list[int]]:
     return [done[f"staggered-{i}"] for i in range(len(prompts))]
 
 
-def _snapshot(llm) -> dict:
-    from vllm_ptd.vllm_integration.introspection import ptd_snapshot
-
-    return llm.collective_rpc(ptd_snapshot)[0]
-
-
 @pytest.fixture(scope="module")
 def plain_outputs(prompts):
     from vllm_ptd.engine_utils import make_llm
@@ -111,9 +106,9 @@ def _mismatches(got, want) -> list[int]:
 def test_ptd_greedy_equals_plain_16_at_once_and_commits_more_than_one_token_per_step(
         prompts, plain_outputs, ptd_llm, record_property):
     flat = [p for name in DATASETS for p in prompts[name]]
-    before = _snapshot(ptd_llm)
+    before = snapshot(ptd_llm)
     got = _generate(ptd_llm, flat, 16)
-    after = _snapshot(ptd_llm)
+    after = snapshot(ptd_llm)
     assert _mismatches(got, plain_outputs["batch16"]) == []
     assert all(len(o) > 0 for o in got)
     de = (after["tokens"] - before["tokens"]) / (after["steps"] - before["steps"])
@@ -126,9 +121,9 @@ def test_ptd_greedy_equals_plain_one_request_at_a_time_per_dataset(
         prompts, plain_outputs, ptd_llm, record_property):
     offset = 0
     for name in DATASETS:
-        before = _snapshot(ptd_llm)
+        before = snapshot(ptd_llm)
         got = _generate(ptd_llm, prompts[name][:ONE_AT_A_TIME_PER_SET], 1)
-        after = _snapshot(ptd_llm)
+        after = snapshot(ptd_llm)
         want = plain_outputs["batch1"][offset: offset + len(got)]
         offset += len(got)
         assert _mismatches(got, want) == [], name
@@ -151,10 +146,10 @@ def test_a_fault_inside_ptd_falls_back_to_plain_decoding_for_that_request(
     from vllm_ptd.vllm_integration.introspection import inject_ptd_faults
 
     flat = [p for name in DATASETS for p in prompts[name]][:16]
-    before = _snapshot(ptd_llm)
+    before = snapshot(ptd_llm)
     assert ptd_llm.collective_rpc(partial(inject_ptd_faults, stage=stage, count=3)) == [True]
     got = _generate(ptd_llm, flat, 16)
-    after = _snapshot(ptd_llm)
+    after = snapshot(ptd_llm)
     assert _mismatches(got, plain_outputs["batch16"][:16]) == []
     assert after["fallbacks"] - before["fallbacks"] == 3
     assert after["steps"] > before["steps"]  # the other requests kept drafting
@@ -163,9 +158,9 @@ def test_a_fault_inside_ptd_falls_back_to_plain_decoding_for_that_request(
 def test_kv_compaction_really_moved_kv_and_state_is_freed(ptd_llm):
     """Accepted paths off the first DFS branch move KV; outputs above stayed identical,
     so the moved KV was right. After all requests finished no per-request state is left."""
-    snap = _snapshot(ptd_llm)
+    snap = snapshot(ptd_llm)
     assert snap["kv_moves"] > 0
-    assert snap["live_states"] == 0
+    assert settled_live_states(ptd_llm) == 0
 
 
 def test_preemption_with_a_tiny_kv_cache_keeps_output_identical(prompts):
@@ -173,13 +168,16 @@ def test_preemption_with_a_tiny_kv_cache_keeps_output_identical(prompts):
 
     flat = prompts["gsm8k"][:8] + prompts["mt_bench"][:8]
     outputs = {}
-    for name, ptd in (("plain", None), ("ptd", {})):
+    # A fixed budget: this test is about trees across preemption, and under 16 requests the
+    # load-adaptive default may rightly draft (almost) nothing.
+    for name, ptd in (("plain", None), ("ptd", {"adaptive_budget": 0})):
         # 12 blocks of 128 tokens for 16 requests of ~100-250 tokens forces preemption.
         llm = make_llm(ptd=ptd, num_gpu_blocks_override=12, max_model_len=1024,
                        max_num_seqs=16)
         outputs[name] = _generate(llm, flat, 16)
         if ptd is not None:
-            assert _snapshot(llm)["live_states"] == 0
+            assert snapshot(llm)["steps"] > 0
+            assert settled_live_states(llm) == 0
         del llm
         gc.collect()
     assert _mismatches(outputs["ptd"], outputs["plain"]) == []

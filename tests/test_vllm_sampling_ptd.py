@@ -17,6 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
+from engine_helpers import snapshot
 
 pytestmark = pytest.mark.engine
 
@@ -62,12 +63,6 @@ def engines():
     gc.collect()
 
 
-def _snapshot(llm) -> dict:
-    from vllm_ptd.vllm_integration.introspection import ptd_snapshot
-
-    return llm.collective_rpc(ptd_snapshot)[0]
-
-
 def _settings(llm) -> dict[str, dict]:
     tok = llm.get_tokenizer()
     out = {name: dict(kw) for name, kw in SETTINGS.items()}
@@ -108,9 +103,9 @@ def test_seeded_ptd_sampling_equals_plain_seeded_sampling_for_every_setting(engi
     ptd, plain = engines["ptd"], engines["plain"]
     requests = _seeded_requests(plain)
     want = _run(plain, requests, batch=len(requests))
-    before = _snapshot(ptd)
+    before = snapshot(ptd)
     mixed = _run(ptd, requests, batch=len(requests))     # every setting in one batch
-    after = _snapshot(ptd)
+    after = snapshot(ptd)
     differ = [name for name in want if mixed[name] != want[name]]
     assert differ == []
     accepted = after["tokens"] - after["steps"] - (before["tokens"] - before["steps"])
@@ -140,19 +135,19 @@ def test_every_sampling_setting_gets_drafts_and_the_rest_get_none(engines):
     ptd = engines["ptd"]
     for name, prompt, params in _seeded_requests(ptd):
         if name.endswith("/0"):
-            before = _snapshot(ptd)
+            before = snapshot(ptd)
             ptd.generate([prompt], [params], use_tqdm=False)
-            assert _snapshot(ptd)["steps"] > before["steps"], f"{name}: no drafted steps"
+            assert snapshot(ptd)["steps"] > before["steps"], f"{name}: no drafted steps"
     blocked = {
         "structured output": SamplingParams(
             max_tokens=16, temperature=0.8,
             structured_outputs=StructuredOutputsParams(choice=["the cat", "the dog"])),
     }
     for name, params in blocked.items():
-        before = _snapshot(ptd)
+        before = snapshot(ptd)
         out = ptd.generate([PROMPTS[0]], [params], use_tqdm=False)[0].outputs[0]
         assert len(out.token_ids) > 0
-        assert _snapshot(ptd)["steps"] == before["steps"], f"{name} was drafted for"
+        assert snapshot(ptd)["steps"] == before["steps"], f"{name} was drafted for"
 
 
 def test_logprobs_of_tree_verified_tokens_equal_plain_logprobs(engines):
@@ -166,9 +161,9 @@ def test_logprobs_of_tree_verified_tokens_equal_plain_logprobs(engines):
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]
     params = [params[0], params[0], params[1], params[1]]
     want = plain.generate(prompts, params, use_tqdm=False)
-    before = _snapshot(ptd)
+    before = snapshot(ptd)
     got = ptd.generate(prompts, params, use_tqdm=False)
-    after = _snapshot(ptd)
+    after = snapshot(ptd)
     assert after["tokens"] - before["tokens"] > after["steps"] - before["steps"] > 0
     for g, w in zip(got, want):
         g, w = g.outputs[0], w.outputs[0]
@@ -238,9 +233,9 @@ def test_unseeded_ptd_sampling_has_plain_decodings_distribution(engines, plain_d
     from vllm import SamplingParams
 
     ptd = engines["ptd"]
-    before = _snapshot(ptd)
+    before = snapshot(ptd)
     got = _draw(ptd, SamplingParams(max_tokens=POSITIONS, temperature=1.0))
-    after = _snapshot(ptd)
+    after = snapshot(ptd)
     accepted = after["tokens"] - after["steps"] - (before["tokens"] - before["steps"])
     drafted_share = accepted / (len(PROMPTS) * DRAWS * (POSITIONS - 1))
     pvalues = _position_pvalues(got, plain_draws[0])
