@@ -105,7 +105,18 @@ def test_policy_budget_shrinks_with_load_down_to_no_drafts() -> None:
 def test_policy_explores_half_the_budget_every_kth_step() -> None:
     policy = _policy(slope=0.0, gain=1)
     policy.explore_every = 4
+    policy.clear_margin = float("inf")
     assert [policy.choose(1, 1) for _ in range(16)] == [24, 24, 24, 12] * 3 + [24, 24, 24, 0]
+
+
+def test_policy_explores_less_often_when_the_choice_is_clear() -> None:
+    clear = _policy(slope=0.0, gain=1)     # a full tree doubles the tokens per second
+    clear.explore_every, clear.clear_explore_factor = 4, 2
+    assert [clear.choose(1, 1) for _ in range(32)] == [24] * 7 + [12] + [24] * 7 + [12] + \
+        [24] * 7 + [12] + [24] * 7 + [0]
+    close = _policy(slope=0.0, gain=0)     # the gain floor (0.6 tokens) is all it has
+    close.explore_every, close.clear_margin = 4, 1.7
+    assert [close.choose(1, 1) for _ in range(8)] == [24, 24, 24, 12] * 2
 
 
 def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:

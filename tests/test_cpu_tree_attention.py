@@ -6,20 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tree_attention_reference import dense_tree_attention, random_layout
 
-from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, TreeBlock
-from vllm_ptd.core.layout import TreeLayout
+from vllm_ptd.attention.tree_metadata import TreeBlock
 from vllm_ptd.vllm_integration import cpu_tree_attention as cta
 from vllm_ptd.vllm_integration.cpu_kv_layout import probe_layout, write_kv
 from vllm_ptd.vllm_integration.cpu_tree_attention import build_step_plan, tree_attention_rows
-
-
-def _random_layout(n: int, rng: np.random.Generator) -> TreeLayout:
-    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], dtype=np.int32)
-    depths = np.zeros(n, dtype=np.int32)
-    for i in range(1, n):
-        depths[i] = depths[parents[i]] + 1
-    return TreeLayout(np.arange(n, dtype=np.int64), parents, depths, n - 1)
 
 
 @pytest.mark.parametrize("block_size", [16, 128])
@@ -60,33 +52,23 @@ def test_batched_tree_attention_matches_dense_reference(dtype, seed, generic_pac
         values.append(v)
         seq_lens.append(length)
         if r != 1:
-            lay = _random_layout(n, rng)
+            lay = random_layout(n, rng)
             blocks.append((TreeBlock(r, start, n, torch.from_numpy(lay.ancestor_mask())), lay))
         start += n
     total = start
     query = torch.randn(total, kv_heads * group * head_size, generator=gen).to(dtype)
-    tree = TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None,
-                                 [b for b, _ in blocks])
     # generic: the flat-index path, used for packings that are not bit permutations
     packing = None if generic_packing else cta._packing(layout)
-    plan = build_step_plan(tree, torch.tensor(seq_lens), block_table, cache.shape, layout,
-                           group, packing)
+    plan = build_step_plan([b for b, _ in blocks], torch.tensor(seq_lens), block_table,
+                           cache.shape, layout, group, packing, dtype)
     assert (plan.packing is None) == generic_packing
     scale = head_size ** -0.5
     got = tree_attention_rows(query, cache, plan, kv_heads, scale)
 
-    expected_rows = []
-    for blk, _lay in blocks:
-        r, n = blk.req_index, blk.size
-        length = seq_lens[r]
-        visible = torch.ones(n, length, dtype=torch.bool)
-        visible[:, length - n:] = blk.mask
-        q = query[blk.start: blk.start + n].double().view(n, kv_heads, group, head_size)
-        k, v = keys[r].double(), values[r].double()
-        s = torch.einsum("nhgd,lhd->nhgl", q, k) * scale
-        s = s.masked_fill(~visible[:, None, None, :], float("-inf"))
-        out = torch.einsum("nhgl,lhd->nhgd", s.softmax(-1), v)
-        expected_rows.append(out.reshape(n, -1))
+    expected_rows = [
+        dense_tree_attention(query[blk.start: blk.start + blk.size], keys[blk.req_index],
+                             values[blk.req_index], blk.mask, group, scale)
+        for blk, _lay in blocks]
     expected = torch.cat(expected_rows)
     assert got.shape == expected.shape
     assert torch.equal(plan.out_rows, torch.cat([torch.arange(b.start, b.start + b.size)

@@ -28,6 +28,7 @@ class TreeBlock:
     start: int
     size: int
     mask: torch.Tensor  # bool [size, size]: row i sees in-block column j
+    req_id: str | None = None  # keys per-request backend state (the CPU KV mirrors)
 
 
 @dataclass
@@ -51,6 +52,8 @@ class TreeAttentionMetadata:
     # Dense form for backends that attend per request in PyTorch (the CPU backend): one
     # TreeBlock per request whose block is a tree, in batch order.
     blocks: list["TreeBlock"] | None = None
+    # The engine's CPU KV mirrors (cpu_kv_mirror.KVMirrorStore), or None not to use any.
+    kv_mirrors: object | None = None
 
     def __post_init__(self) -> None:
         if self.mask_bits.dtype != torch.int32 or self.mask_bits.dim() != 2:

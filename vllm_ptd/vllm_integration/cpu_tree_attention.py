@@ -17,6 +17,12 @@ earlier float32 matmul/softmax version for a 25-row tree over 300 tokens).
 Keys past a request's length inside its last block, and padding, are hidden by a -inf bias;
 they must hold finite numbers, which vLLM guarantees (the KV cache is allocated zeroed and only
 ever holds the model's K/V).
+
+Steps with few tree blocks (at most MIRROR_MAX_BLOCKS) skip the gather: each block attends
+through its request's unpacked mirror of the cache (cpu_kv_mirror), which only needs the few
+positions committed since the last step: 0.27 -> 0.13 ms per layer for a 16-row tree over 300
+tokens, and no longer growing with the context. With many blocks one padded SDPA call for all
+beats one call per block, so those steps gather.
 """
 
 from __future__ import annotations
@@ -27,13 +33,26 @@ from functools import lru_cache
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, get_tree_attention_metadata
+from vllm_ptd.attention.tree_metadata import (
+    TreeAttentionMetadata,
+    TreeBlock,
+    get_tree_attention_metadata,
+)
 from vllm_ptd.vllm_integration.cpu_kv_layout import (
     BlockLayout,
     SpanPermutation,
     probe_layout,
     span_permutation,
 )
+from vllm_ptd.vllm_integration.cpu_kv_mirror import (
+    KVMirrorStore,
+    MirroredBlock,
+    block_bias,
+    mirrored_attention,
+)
+
+# Steps with at most this many tree blocks attend through the requests' KV mirrors.
+MIRROR_MAX_BLOCKS = 4
 
 
 def _packing(layout: BlockLayout) -> tuple[SpanPermutation, SpanPermutation] | None:
@@ -78,15 +97,14 @@ def _layout_and_packing(isa: str, dtype: torch.dtype, block_size: int, head_size
     return layout, _packing(layout)
 
 
-def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
+def build_step_plan(blocks: list[TreeBlock], seq_lens: torch.Tensor,
                     block_table: torch.Tensor, kv_shape: torch.Size, layout: BlockLayout,
                     group: int, packing: tuple[SpanPermutation, SpanPermutation] | None,
-                    dtype: torch.dtype | None = None) -> TreeStepPlan:
+                    dtype: torch.dtype) -> TreeStepPlan:
     """packing: `_packing(layout)`, or None to gather through flat element indices; dtype:
-    the attention's compute dtype (the KV cache's), float32 when not given."""
+    the attention's compute dtype (the KV cache's)."""
     _, num_kv_heads, block_size, two_hs = kv_shape
     head_size = two_hs // 2
-    blocks = tree.blocks
     n = max(b.size for b in blocks)
     lens = [int(seq_lens[b.req_index]) for b in blocks]
     num = len(blocks)
@@ -121,7 +139,8 @@ def build_step_plan(tree: TreeAttentionMetadata, seq_lens: torch.Tensor,
         key_index = torch.stack([k for k, _ in flat_indices])
         value_index = torch.stack([v for _, v in flat_indices])
     return TreeStepPlan(query_rows.view(-1), torch.cat(out_rows), torch.cat(out_index),
-                        bias.to(dtype or torch.float32), n, width, packing, block_ids.view(-1), key_index, value_index)
+                        bias.to(dtype), n, width, packing, block_ids.view(-1), key_index,
+                        value_index)
 
 
 def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
@@ -138,21 +157,57 @@ def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
     return keys, values + heads[:, None, None]
 
 
-_plan_cache: tuple[object, tuple, TreeStepPlan] | None = None
+@dataclass
+class StepPlans:
+    """How one step's tree blocks attend: through their mirrors, or gathered together."""
+
+    layout: BlockLayout
+    mirrored: list[MirroredBlock]
+    gathered: TreeStepPlan | None
 
 
-def _step_plan(tree, attn_metadata, kv_cache, isa, group) -> TreeStepPlan:
-    """The plan of this step; built by the first layer, reused by the others."""
+_plan_cache: tuple[object, tuple, StepPlans] | None = None
+
+
+def _step_plans(tree: TreeAttentionMetadata, attn_metadata, kv_cache, isa, group
+                ) -> StepPlans:
+    """The plans of this step; built by the first layer, reused by the others."""
     global _plan_cache
     key = (tuple(kv_cache.shape), group)
     if _plan_cache is not None and _plan_cache[0] is tree and _plan_cache[1] == key:
         return _plan_cache[2]
     _, _, block_size, two_hs = kv_cache.shape
     layout, packing = _layout_and_packing(isa, kv_cache.dtype, block_size, two_hs // 2)
-    plan = build_step_plan(tree, attn_metadata.seq_lens, attn_metadata.block_table,
-                           kv_cache.shape, layout, group, packing, kv_cache.dtype)
-    _plan_cache = (tree, key, plan)
-    return plan
+    mirrored, rest = _mirror_blocks(tree, attn_metadata, kv_cache, group)
+    gathered = None
+    if rest:
+        gathered = build_step_plan(rest, attn_metadata.seq_lens, attn_metadata.block_table,
+                                   kv_cache.shape, layout, group, packing, kv_cache.dtype)
+    plans = StepPlans(layout, mirrored, gathered)
+    _plan_cache = (tree, key, plans)
+    return plans
+
+
+def _mirror_blocks(tree: TreeAttentionMetadata, attn_metadata, kv_cache, group
+                   ) -> tuple[list[MirroredBlock], list[TreeBlock]]:
+    """The blocks that attend through their request's mirror this step, and the rest."""
+    store = tree.kv_mirrors
+    if not isinstance(store, KVMirrorStore) or len(tree.blocks) > MIRROR_MAX_BLOCKS:
+        return [], list(tree.blocks)
+    _, num_kv_heads, block_size, two_hs = kv_cache.shape
+    per_token = 2 * num_kv_heads * (two_hs // 2) * kv_cache.element_size()
+    mirrored, rest = [], []
+    for blk in tree.blocks:
+        length = int(attn_metadata.seq_lens[blk.req_index])
+        mirror = None if blk.req_id is None else store.reserve(blk.req_id, length, per_token)
+        if mirror is None:
+            rest.append(blk)
+            continue
+        row = attn_metadata.block_table[blk.req_index, : -(-length // block_size)].long()
+        mirrored.append(MirroredBlock(mirror, blk.start, blk.size, length - blk.size, length,
+                                      row, block_bias(blk.mask, length - blk.size, group,
+                                                      kv_cache.dtype)))
+    return mirrored, rest
 
 
 def _gather_kv(kv_cache: torch.Tensor, plan: TreeStepPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,10 +275,19 @@ class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
                              "soft-capping on CPU")
         if self.is_fp8_kv_cache or self.sinks is not None:
             raise ValueError("PTD tree attention does not support fp8 KV cache or sinks on CPU")
-        plan = _step_plan(tree, attn_metadata, kv_cache, layer.isa,
-                          self.num_heads // self.num_kv_heads)
-        rows = tree_attention_rows(query, kv_cache, plan, self.num_kv_heads, self.scale)
-        output.view(output.shape[0], -1).index_copy_(0, plan.out_rows, rows.to(output.dtype))
+        plans = _step_plans(tree, attn_metadata, kv_cache, layer.isa,
+                            self.num_heads // self.num_kv_heads)
+        # A layer that shares another layer's KV did not write its own key/value there.
+        shared = getattr(layer, "kv_sharing_target_layer_name", None) is not None
+        for blk in plans.mirrored:
+            mirrored_attention(layer.layer_name, blk, query, None if shared else key,
+                               None if shared else value, kv_cache, output, plans.layout,
+                               self.scale)
+        plan = plans.gathered
+        if plan is not None:
+            rows = tree_attention_rows(query, kv_cache, plan, self.num_kv_heads, self.scale)
+            output.view(output.shape[0], -1).index_copy_(0, plan.out_rows,
+                                                         rows.to(output.dtype))
         return output
 
 

@@ -20,6 +20,7 @@ from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.verify import VerifyResult
+from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
 from vllm_ptd.vllm_integration.spec_config import ptd_config_of
 
@@ -57,6 +58,9 @@ class PTDProposer:
         # `count` per-request calls of that stage ("propose" or "verify") raise.
         self.injected_faults: dict[str, int] = {}
         self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
+        # Unpacked KV copies for the CPU tree attention (unused on other devices).
+        self.kv_mirrors = KVMirrorStore(
+            vllm_config.model_config.get_num_layers(vllm_config.parallel_config))
         self.host_seconds = 0.0  # time in propose() (observe + draft), all requests
         # accepted_by_depth[k]: verified request-steps that accepted at least k+1 drafts
         self.accepted_by_depth = [0] * (self.config.max_nodes + 1)
@@ -88,6 +92,7 @@ class PTDProposer:
         self.states.pop(req_id, None)
         self.pending.pop(req_id, None)
         self.records.pop(req_id, None)
+        self.kv_mirrors.release(req_id)
 
     def fall_back(self, req_id: str, stage: str) -> None:
         """After an internal error: drop the request's PTD state and serve it by plain
@@ -118,7 +123,8 @@ class PTDProposer:
             self.policy.cost.observe(mark[1], seconds, mark[2])
 
     def num_live_states(self) -> int:
-        return len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
+        return (len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
+                + len(self.kv_mirrors))
 
     def snapshot(self) -> dict:
         """Counters for tests, benchmarks and logs."""

@@ -135,7 +135,8 @@ def make_prepare_inputs(original):
             positions.append(p + layout.depths.astype(np.int64))
             self._ptd_trees[req_id] = TreeInFlight(
                 idx, start, layout, slot_mapping[start:start + n].to("cpu", torch.int64))
-            blocks.append(TreeBlock(idx, start, n, torch.from_numpy(layout.ancestor_mask())))
+            blocks.append(TreeBlock(idx, start, n, torch.from_numpy(layout.ancestor_mask()),
+                                    req_id))
         if not blocks:
             return result
         # Tree positions go in after the slot mapping was computed from linear positions.
@@ -144,17 +145,20 @@ def make_prepare_inputs(original):
             self.positions.device, self.positions.dtype)
         set_tree_attention_metadata(
             _tree_metadata(blocks, self.positions.device,
-                           num_scheduled_tokens[: self.input_batch.num_reqs]))
+                           num_scheduled_tokens[: self.input_batch.num_reqs],
+                           drafter.kv_mirrors))
         return result
 
     return _prepare_inputs
 
 
 def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
-                   num_scheduled_tokens: np.ndarray) -> TreeAttentionMetadata:
+                   num_scheduled_tokens: np.ndarray, kv_mirrors) -> TreeAttentionMetadata:
     if device.type == "cpu":
-        # The CPU backend attends per block from the dense masks; no packed bits needed.
-        return TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None, blocks)
+        # The CPU backend attends per block from the dense masks (and the requests' KV
+        # mirrors); no packed bits needed.
+        return TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None, blocks,
+                                     kv_mirrors)
     bits, words, is_tree = pack_batch_tree_masks(blocks, num_scheduled_tokens)
     return TreeAttentionMetadata(bits.to(device), words, is_tree.to(device), blocks)
 

@@ -50,10 +50,11 @@ def split_speculative_dict(spec: dict[str, Any],
 
 
 # The node budget where PTD paid off most on the CPU machines of this project (bf16, batch 1,
-# SmolLM2-135M, MT-Bench and GSM8K; see README "Choosing the node budget"): step time is
-# nearly flat up to ~24 tree nodes there and grows steeply beyond 32. On GPUs a step with the
-# paper's ~64 extra tokens is nearly free at small batch, so the dataclass defaults stay.
-CPU_BUDGET_DEFAULTS = {"max_nodes": 24, "max_candidate_nodes": 16}
+# SmolLM2-135M, MT-Bench and GSM8K; see README "Choosing the node budget"): there every tree
+# row costs ~1.5% of a plain step (GEMM rows, norms, attention), tokens per step stop rising
+# beyond ~12 nodes, and from 17 rows on oneDNN's AMX GEMMs take a second 16-row tile. On GPUs
+# a step with the paper's ~64 extra tokens is nearly free at small batch: dataclass defaults.
+CPU_BUDGET_DEFAULTS = {"max_nodes": 12, "max_candidate_nodes": 8}
 
 
 def platform_budget_defaults() -> dict[str, int]:

@@ -1,0 +1,178 @@
+"""Per-request unpacked copies of the KV cache ("mirrors") for CPU tree attention.
+
+vLLM's CPU cache packs K and V per block in an ISA-specific order, so reading a request's
+context for masked attention costs, per layer and step, a gather of all its blocks and an
+unpacking copy of each (0.27 ms per layer for a 16-row tree over 300 tokens; it grows with the
+context). A mirror keeps, per request and layer, K and V as [2, kv_heads, capacity, head_size]
+in the cache's dtype, equal to the cache at every position below the layer's `valid` mark.
+Each tree step then only:
+
+1. reads from the cache the positions committed since the mark (the nodes accepted last step,
+   already compacted; the tokens of steps that ran without a tree; a whole prompt the first
+   time), through flat element indices built once per step;
+2. writes its own tree rows from the layer's key/value inputs, which are exactly what vLLM
+   just wrote into the cache (a raw copy: PTD refuses fp8 caches);
+3. moves the mark to x's position + 1: x is committed, its tree rows beyond are speculative.
+
+Because everything below the mark was read from (or is bitwise what vLLM wrote into) the
+cache, a mirror never needs invalidating while the request keeps its blocks; it is dropped
+when the request finishes, is aborted, preempted or resumed (the proposer's `forget`).
+
+Memory: num_layers * 2 * kv_heads * head_size * dtype bytes per token of context (23 KiB in
+bf16 for the embedded model). The store stops creating or growing mirrors beyond its byte
+limit; such requests use the gathering path, which needs no extra memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout
+
+# Limit on the capacity reserved by all mirrors of one worker together.
+DEFAULT_LIMIT_BYTES = 512 << 20
+# Capacity grows in steps of this many tokens (and at least by half), so that a growing
+# context reallocates rarely.
+CAPACITY_QUANTUM = 256
+
+
+class KVMirror:
+    """One request's mirrors, one buffer per attention layer (keyed by layer name)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}   # [2, kv_heads, capacity, head_size]
+        self.valid: dict[str, int] = {}              # positions below are equal to the cache
+        self.capacity = 0                            # tokens, the same for every layer
+        self.reserved_bytes = 0                      # capacity in every layer of the worker
+
+    def buffer(self, layer: str, kv_heads: int, head_size: int, dtype: torch.dtype
+               ) -> torch.Tensor:
+        """The layer's buffer at the mirror's capacity (grown and copied when it is not)."""
+        buf = self.buffers.get(layer)
+        if buf is not None and buf.shape[2] == self.capacity and buf.dtype == dtype:
+            return buf
+        new = torch.zeros(2, kv_heads, self.capacity, head_size, dtype=dtype)
+        if buf is not None and buf.dtype == dtype:
+            keep = min(self.valid.get(layer, 0), buf.shape[2], self.capacity)
+            new[:, :, :keep] = buf[:, :, :keep]
+        else:
+            self.valid[layer] = 0
+        self.buffers[layer] = new
+        return new
+
+
+class KVMirrorStore:
+    """All mirrors of one engine's worker, keyed by request id (owned by the proposer, so
+    engines sharing a process never see each other's requests)."""
+
+    def __init__(self, num_layers: int, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
+        self.num_layers = num_layers   # attention layers of this worker (sizes a token)
+        self.limit_bytes = limit_bytes
+        self.mirrors: dict[str, KVMirror] = {}
+
+    def __len__(self) -> int:
+        return len(self.mirrors)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(m.reserved_bytes for m in self.mirrors.values())
+
+    def release(self, req_id: str) -> None:
+        self.mirrors.pop(req_id, None)
+
+    def reserve(self, req_id: str, length: int, layer_bytes_per_token: int
+                ) -> KVMirror | None:
+        """The request's mirror with room for `length` tokens, or None when creating or
+        growing it would pass the limit (that request then takes the gathering path).
+        layer_bytes_per_token: K and V of one token in one layer."""
+        mirror = self.mirrors.get(req_id)
+        if mirror is not None and mirror.capacity >= length:
+            return mirror
+        old = 0 if mirror is None else mirror.capacity
+        capacity = max(-(-length // CAPACITY_QUANTUM) * CAPACITY_QUANTUM, old + old // 2)
+        extra = (capacity - old) * layer_bytes_per_token * self.num_layers
+        if self.reserved_bytes + extra > self.limit_bytes:
+            return None
+        if mirror is None:
+            mirror = self.mirrors[req_id] = KVMirror()
+        mirror.capacity = capacity
+        mirror.reserved_bytes += extra
+        return mirror
+
+
+@dataclass
+class MirroredBlock:
+    """One request's tree block of this step, attended through its mirror."""
+
+    mirror: KVMirror
+    start: int             # batch rows [start, start + size)
+    size: int
+    prefix: int            # x's position: positions below are committed
+    length: int            # prefix + size
+    block_row: torch.Tensor  # int64: the request's KV block ids
+    bias: torch.Tensor     # [1, 1, group * size, length], KV dtype: 0 visible, -inf hidden
+    # flat element indices of positions [valid, end) in a layer's cache, per (valid, end)
+    refresh: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+
+def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype
+               ) -> torch.Tensor:
+    """Additive mask of a block's rows: the committed prefix fully visible, the block's own
+    tokens per the tree mask; rows repeated per query head of a KV head (GQA grouping)."""
+    size = mask.shape[0]
+    visible = torch.ones(size, prefix + size, dtype=torch.bool)
+    visible[:, prefix:] = mask
+    bias = torch.zeros(size, prefix + size, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    return bias.repeat(group, 1)[None, None]
+
+
+def refresh_index(block_row: torch.Tensor, begin: int, end: int, layout: BlockLayout,
+                  num_kv_heads: int, block_size: int, head_size: int) -> torch.Tensor:
+    """Flat element indices [2, kv_heads, end - begin, head_size] of K (0) and V (1) at
+    positions [begin, end) in a layer's cache viewed flat: element (block, head, o) of
+    [num_blocks, kv_heads, block_size, 2 * head_size] is at (block * H + head) * span + o,
+    K in the first block_size * head_size of each span."""
+    span = block_size * 2 * head_size
+    pos = torch.arange(begin, end)
+    base = (block_row[pos // block_size] * (num_kv_heads * span))[None, :, None]
+    heads = (torch.arange(num_kv_heads) * span)[:, None, None]
+    offset = pos % block_size
+    keys = base + heads + layout.key_index[offset][None]
+    values = base + heads + (layout.value_index[offset] + block_size * head_size)[None]
+    return torch.stack([keys, values])
+
+
+def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
+                       key: torch.Tensor | None, value: torch.Tensor | None,
+                       kv_cache: torch.Tensor, output: torch.Tensor, layout: BlockLayout,
+                       scale: float) -> None:
+    """Tree attention of one block through its mirror; writes the block's output rows."""
+    _, num_kv_heads, block_size, two_hs = kv_cache.shape
+    head_size = two_hs // 2
+    n, prefix, length = blk.size, blk.prefix, blk.length
+    group = blk.bias.shape[2] // n
+    buf = blk.mirror.buffer(layer, num_kv_heads, head_size, kv_cache.dtype)
+    valid = min(blk.mirror.valid.get(layer, 0), prefix)
+    # Without the layer's own K/V inputs (shared-KV layers) the tree rows come from the cache.
+    end = prefix if key is not None else length
+    if valid < end:
+        index = blk.refresh.get((valid, end))
+        if index is None:
+            index = blk.refresh[(valid, end)] = refresh_index(
+                blk.block_row, valid, end, layout, num_kv_heads, block_size, head_size)
+        buf[:, :, valid:end] = torch.take(kv_cache, index)
+    if key is not None:
+        rows = slice(blk.start, blk.start + n)
+        buf[0, :, prefix:length] = key[rows].view(n, num_kv_heads, head_size).transpose(0, 1)
+        buf[1, :, prefix:length] = value[rows].view(n, num_kv_heads, head_size).transpose(0, 1)
+    blk.mirror.valid[layer] = prefix + 1
+    q = query[blk.start: blk.start + n].view(n, num_kv_heads, group, head_size)
+    q = q.permute(1, 2, 0, 3).reshape(1, num_kv_heads, group * n, head_size).to(buf.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, buf[0, None, :, :length], buf[1, None, :, :length], attn_mask=blk.bias,
+        scale=scale)  # [1, H, g*n, hs]
+    rows_out = output.view(output.shape[0], -1)[blk.start: blk.start + n]
+    rows_out.view(n, num_kv_heads, group, head_size).copy_(
+        out.view(num_kv_heads, group, n, head_size).permute(2, 0, 1, 3))
