@@ -100,9 +100,9 @@ def test_unknown_duplicate_and_inconsistent_keys_are_refused_by_name(spec, needl
 
 
 def test_dash_spelled_keys_are_the_same_keys():
-    config = _engine_config({"method": "ptd", "max-nodes": 12, "num-roots": 2})
+    config = _engine_config({"method": "ptd", "max-nodes": 20, "num-roots": 2})
     assert (config.speculative_config.ptd["max_nodes"],
-            config.speculative_config.ptd["num_roots"]) == (12, 2)
+            config.speculative_config.ptd["num_roots"]) == (20, 2)
 
 
 @pytest.mark.parametrize(("ptd", "needle"),
