@@ -20,20 +20,20 @@ def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
     assert model.predict(10) == pytest.approx(0.048, abs=0.001)
 
 
-def test_cost_model_separates_the_price_of_any_tree_from_the_price_per_row() -> None:
+def test_cost_model_separates_the_price_of_each_tree_from_the_price_per_row() -> None:
     rng = np.random.default_rng(1)
     model = StepCostModel(decay=0.999)
     for step in range(3000):
-        if step % 8 == 0:   # plain steps of 1..4 requests
-            n, tree = int(rng.integers(1, 5)), False
-        else:
-            n, tree = int(rng.integers(10, 60)), True
-        model.observe(n, 0.040 + 0.006 * tree + 0.0008 * n + rng.normal(0, 0.002), tree)
+        requests = int(rng.integers(1, 5))
+        trees = 0 if step % 8 == 0 else int(rng.integers(1, requests + 1))
+        n = requests + trees * int(rng.integers(6, 13))
+        model.observe(n, 0.040 + 0.006 * trees + 0.0008 * n + rng.normal(0, 0.002), trees)
     a, b, c = model.coefficients()
     assert a == pytest.approx(0.040, abs=0.001)
     assert c == pytest.approx(0.006, abs=0.001)
     assert b == pytest.approx(0.0008, abs=0.00005)
-    assert model.predict(4, has_tree=False) == pytest.approx(0.0432, abs=0.001)
+    assert model.predict(4, trees=0) == pytest.approx(0.0432, abs=0.001)
+    assert model.predict(52, trees=4) == pytest.approx(0.040 + 0.024 + 0.0416, abs=0.002)
 
 
 def test_cost_model_without_spread_keeps_the_prior_slope() -> None:

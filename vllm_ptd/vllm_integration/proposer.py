@@ -78,8 +78,8 @@ class PTDProposer:
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
         self.budget_sum = 0                        # step_budget summed over drafting steps
         self.budget_steps = 0
-        # (start, tokens or -1 with prefill, has tree rows) of the last step
-        self._step_mark: tuple[float, int, bool] | None = None
+        # (start, tokens or -1 with prefill, requests with tree rows) of the last step
+        self._step_mark: tuple[float, int, int] | None = None
 
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
@@ -109,18 +109,20 @@ class PTDProposer:
             self.injected_faults[stage] = left - 1
             raise RuntimeError(f"injected PTD fault ({stage})")
 
-    def step_started(self, num_tokens: int, has_prefill: bool, has_tree: bool) -> None:
-        """Called as each forward step is prepared: the interval since the previous step's
-        start is that step's period, a sample of the cost model unless that step carried
-        prompt tokens (cheaper per token than tree rows; see core/budget.py)."""
+    def step_started(self, num_tokens: int, has_prefill: bool, trees: int) -> None:
+        """Called as each forward step is prepared (`trees`: requests with tree rows): the
+        interval since the previous step's start is that step's period, a sample of the cost
+        model unless that step carried prompt tokens (cheaper per token than tree rows; see
+        core/budget.py)."""
         now = time.perf_counter()
         mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens,
-                                                  has_tree)
+                                                  trees)
         if self.policy is None or mark is None or mark[1] < 0:
             return
         seconds = now - mark[0]
         if not self.policy.cost.is_outlier(mark[1], seconds):
             self.policy.cost.observe(mark[1], seconds, mark[2])
+
 
     def num_live_states(self) -> int:
         return (len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)

@@ -102,9 +102,11 @@ def make_prepare_inputs(original):
             # Decode rows are one token per request plus its drafts; anything more is
             # prompt (prefill or a chunk of it).
             total = scheduler_output.total_num_scheduled_tokens
-            drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+            spec = scheduler_output.scheduled_spec_decode_tokens.values()
+            drafts = sum(map(len, spec))
             decode = len(scheduler_output.num_scheduled_tokens) + drafts
-            drafter.step_started(total, has_prefill=total > decode, has_tree=drafts > 0)
+            drafter.step_started(total, has_prefill=total > decode,
+                                 trees=sum(1 for d in spec if d))
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
