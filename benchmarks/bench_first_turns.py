@@ -18,11 +18,11 @@ import time
 
 
 def _engines(methods: list[str], ptd: dict):
+    from ptd_bench.methods import NGRAM_SPEC, SUFFIX_SPEC  # the configs the bench compares
+
     from vllm_ptd.engine_utils import make_llm
 
-    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                       "prompt_lookup_min": 2},
-             "suffix": {"method": "suffix"}}
+    specs = {"ngram": NGRAM_SPEC, "suffix": SUFFIX_SPEC}
     # vLLM 0.32's module scan fails for engines started after numba (ngram) is loaded.
     order = ["plain"] + sorted(methods, key=lambda m: m == "ngram")
     return {m: make_llm(None, ptd=ptd if m == "ptd" else None, dtype="bfloat16",

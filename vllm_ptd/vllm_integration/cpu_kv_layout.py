@@ -88,6 +88,22 @@ def read_kv(kv_cache: torch.Tensor, slots: torch.Tensor, layout: BlockLayout
     return key, value
 
 
+def flat_kv_index(block_row: torch.Tensor, begin: int, end: int, layout: BlockLayout,
+                  num_kv_heads: int, block_size: int, head_size: int) -> torch.Tensor:
+    """Flat element indices [2, kv_heads, end - begin, head_size] of K (0) and V (1) at
+    positions [begin, end) in a layer's cache viewed flat: element (block, head, o) of
+    [num_blocks, kv_heads, block_size, 2 * head_size] is at (block * H + head) * span + o,
+    K in the first block_size * head_size of each span."""
+    span = block_size * 2 * head_size
+    pos = torch.arange(begin, end)
+    base = (block_row[pos // block_size] * (num_kv_heads * span))[None, :, None]
+    heads = (torch.arange(num_kv_heads) * span)[:, None, None]
+    offset = pos % block_size
+    keys = base + heads + layout.key_index[offset][None]
+    values = base + heads + (layout.value_index[offset] + block_size * head_size)[None]
+    return torch.stack([keys, values])
+
+
 @dataclass(frozen=True)
 class SpanPermutation:
     """A packing that is a pure reordering of index bits: the span viewed as `shape` and

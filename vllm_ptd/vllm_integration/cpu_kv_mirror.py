@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout
+from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout, flat_kv_index
 
 # Limit on the capacity reserved by all mirrors of one worker together.
 DEFAULT_LIMIT_BYTES = 512 << 20
@@ -72,16 +72,15 @@ class KVMirrorStore:
         self.num_layers = num_layers   # attention layers of this worker (sizes a token)
         self.limit_bytes = limit_bytes
         self.mirrors: dict[str, KVMirror] = {}
+        self.reserved_bytes = 0   # of all mirrors, kept as they change (reserve runs per step)
 
     def __len__(self) -> int:
         return len(self.mirrors)
 
-    @property
-    def reserved_bytes(self) -> int:
-        return sum(m.reserved_bytes for m in self.mirrors.values())
-
     def release(self, req_id: str) -> None:
-        self.mirrors.pop(req_id, None)
+        mirror = self.mirrors.pop(req_id, None)
+        if mirror is not None:
+            self.reserved_bytes -= mirror.reserved_bytes
 
     def reserve(self, req_id: str, length: int, layer_bytes_per_token: int
                 ) -> KVMirror | None:
@@ -100,6 +99,7 @@ class KVMirrorStore:
             mirror = self.mirrors[req_id] = KVMirror()
         mirror.capacity = capacity
         mirror.reserved_bytes += extra
+        self.reserved_bytes += extra
         return mirror
 
 
@@ -129,22 +129,6 @@ def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype
     return bias.repeat(group, 1)[None, None]
 
 
-def refresh_index(block_row: torch.Tensor, begin: int, end: int, layout: BlockLayout,
-                  num_kv_heads: int, block_size: int, head_size: int) -> torch.Tensor:
-    """Flat element indices [2, kv_heads, end - begin, head_size] of K (0) and V (1) at
-    positions [begin, end) in a layer's cache viewed flat: element (block, head, o) of
-    [num_blocks, kv_heads, block_size, 2 * head_size] is at (block * H + head) * span + o,
-    K in the first block_size * head_size of each span."""
-    span = block_size * 2 * head_size
-    pos = torch.arange(begin, end)
-    base = (block_row[pos // block_size] * (num_kv_heads * span))[None, :, None]
-    heads = (torch.arange(num_kv_heads) * span)[:, None, None]
-    offset = pos % block_size
-    keys = base + heads + layout.key_index[offset][None]
-    values = base + heads + (layout.value_index[offset] + block_size * head_size)[None]
-    return torch.stack([keys, values])
-
-
 def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
                        key: torch.Tensor | None, value: torch.Tensor | None,
                        kv_cache: torch.Tensor, output: torch.Tensor, layout: BlockLayout,
@@ -161,7 +145,7 @@ def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
     if valid < end:
         index = blk.refresh.get((valid, end))
         if index is None:
-            index = blk.refresh[(valid, end)] = refresh_index(
+            index = blk.refresh[(valid, end)] = flat_kv_index(
                 blk.block_row, valid, end, layout, num_kv_heads, block_size, head_size)
         buf[:, :, valid:end] = torch.take(kv_cache, index)
     if key is not None:

@@ -41,6 +41,7 @@ from vllm_ptd.attention.tree_metadata import (
 from vllm_ptd.vllm_integration.cpu_kv_layout import (
     BlockLayout,
     SpanPermutation,
+    flat_kv_index,
     probe_layout,
     span_permutation,
 )
@@ -132,29 +133,15 @@ def build_step_plan(blocks: list[TreeBlock], seq_lens: torch.Tensor,
         out_rows.append(torch.arange(blk.start, blk.start + blk.size))
         out_index.append(torch.arange(b * n, b * n + blk.size))
         if packing is None:
-            flat_indices.append(_flat_index(block_ids[b], layout, num_kv_heads, block_size,
-                                            head_size, width))
+            flat_indices.append(flat_kv_index(block_ids[b], 0, width, layout, num_kv_heads,
+                                              block_size, head_size))
     key_index = value_index = None
     if packing is None:
-        key_index = torch.stack([k for k, _ in flat_indices])
-        value_index = torch.stack([v for _, v in flat_indices])
+        key_index = torch.stack([index[0] for index in flat_indices])
+        value_index = torch.stack([index[1] for index in flat_indices])
     return TreeStepPlan(query_rows.view(-1), torch.cat(out_rows), torch.cat(out_index),
                         bias.to(dtype), n, width, packing, block_ids.view(-1), key_index,
                         value_index)
-
-
-def _flat_index(block_ids, layout, num_kv_heads, block_size, head_size, width):
-    """Element indices of K and V (both [H, L, hs]) in the flat KV tensor of a layer:
-    element (block, head, o) of [NB, H, bs, 2*hs] is at (block * H + head) * bs*2hs + o, with
-    K in the first bs*hs of each (block, head) span."""
-    span = block_size * 2 * head_size
-    pos = torch.arange(width)
-    base = block_ids[pos // block_size] * (num_kv_heads * span)        # [L]
-    heads = torch.arange(num_kv_heads) * span
-    offset = pos % block_size
-    keys = (base[:, None] + layout.key_index[offset])[None] + heads[:, None, None]
-    values = (base[:, None] + layout.value_index[offset] + block_size * head_size)[None]
-    return keys, values + heads[:, None, None]
 
 
 @dataclass

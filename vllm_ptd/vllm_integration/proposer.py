@@ -123,7 +123,6 @@ class PTDProposer:
         if not self.policy.cost.is_outlier(mark[1], seconds):
             self.policy.cost.observe(mark[1], seconds, mark[2])
 
-
     def num_live_states(self) -> int:
         return (len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
                 + len(self.kv_mirrors))
