@@ -54,7 +54,10 @@ class Request:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("limit_bytes", [None, 1])   # 1: no room, every block gathers
-def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit_bytes):
+# fused: query, key and value are views of one qkv projection output, as vLLM's decoder
+# layers pass them (the mirror then writes K and V rows in one copy); else separate tensors.
+@pytest.mark.parametrize("fused", [False, True])
+def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit_bytes, fused):
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     gen = torch.Generator().manual_seed(block_size)
@@ -92,12 +95,18 @@ def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit
                                      [TreeBlock(1, start, n, mask, "req")], store)
         attn = SimpleNamespace(seq_lens=torch.tensor([40, prefix + n]), block_table=block_table)
         for name in LAYERS:
-            query = torch.randn(start + n, KV_HEADS * GROUP * HEAD_SIZE, generator=gen).to(dtype)
-            key = torch.zeros(start + n, KV_HEADS * HEAD_SIZE, dtype=dtype)
-            value = torch.zeros_like(key)
+            q_width, kv_width = KV_HEADS * GROUP * HEAD_SIZE, KV_HEADS * HEAD_SIZE
+            qkv = torch.randn(start + n, q_width + 2 * kv_width, generator=gen).to(dtype)
+            query, key, value = qkv.split([q_width, kv_width, kv_width], dim=1)
+            if not fused:
+                query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
             key[start:] = tree_rows[name][0].reshape(n, -1)
             value[start:] = tree_rows[name][1].reshape(n, -1)
-            output = torch.full_like(query, float("nan"))
+            if fused:   # the views vLLM's Attention layer hands to the backend
+                query = query.view(-1, KV_HEADS * GROUP, HEAD_SIZE)
+                key = key.view(-1, KV_HEADS, HEAD_SIZE)
+                value = value.view(-1, KV_HEADS, HEAD_SIZE)
+            output = torch.full((start + n, q_width), float("nan"), dtype=dtype)
             plans = cta._step_plans(tree, attn, caches[name], isa, GROUP)
             assert len(plans.mirrored) == (1 if limit_bytes is None else 0)
             shared = step == 4 and name == "l1"    # a layer without its own K/V inputs
@@ -110,7 +119,7 @@ def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit
                                                scale)
                 output.index_copy_(0, plans.gathered.out_rows, rows.to(output.dtype))
             keys, values = req.truth[name]
-            expected = dense_tree_attention(query[start:], keys[: prefix + n],
+            expected = dense_tree_attention(query[start:].reshape(n, -1), keys[: prefix + n],
                                             values[: prefix + n], mask, GROUP, scale)
             tol = 1e-4 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(output[start:].double(), expected, atol=tol, rtol=tol)

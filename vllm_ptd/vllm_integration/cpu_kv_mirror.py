@@ -129,14 +129,32 @@ def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype
     return bias.repeat(group, 1)[None, None]
 
 
+def _tree_kv_rows(key: torch.Tensor, value: torch.Tensor, start: int, n: int
+                  ) -> torch.Tensor | None:
+    """Rows [start, start + n) of key and value as one [2, kv_heads, n, head_size] view, when
+    value sits right after key in every row (both are views of the layer's fused qkv
+    projection, as in vLLM's decoder layers): one copy writes both into a mirror. None when
+    they are laid out otherwise."""
+    heads, head_size = key.shape[-2], key.shape[-1]
+    if (key.dim() != 3 or value.shape != key.shape or value.stride() != key.stride()
+            or key.stride(-1) != 1 or key.stride(-2) != head_size
+            or value.data_ptr() - key.data_ptr() != heads * head_size * key.element_size()):
+        return None
+    row = key.stride(0)
+    return key.as_strided((2, heads, n, head_size), (heads * head_size, head_size, row, 1),
+                          key.storage_offset() + start * row)
+
+
 def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
                        key: torch.Tensor | None, value: torch.Tensor | None,
                        kv_cache: torch.Tensor, output: torch.Tensor, layout: BlockLayout,
                        scale: float) -> None:
-    """Tree attention of one block through its mirror; writes the block's output rows."""
+    """Tree attention of one block through its mirror; writes the block's output rows.
+    query/output: [tokens, heads, head_size]; key/value: [tokens, kv_heads, head_size] (the
+    views vLLM's Attention layer passes)."""
     _, num_kv_heads, block_size, two_hs = kv_cache.shape
     head_size = two_hs // 2
-    n, prefix, length = blk.size, blk.prefix, blk.length
+    n, prefix, length, start = blk.size, blk.prefix, blk.length, blk.start
     group = blk.bias.shape[2] // n
     buf = blk.mirror.buffer(layer, num_kv_heads, head_size, kv_cache.dtype)
     valid = min(blk.mirror.valid.get(layer, 0), prefix)
@@ -149,15 +167,21 @@ def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
                 blk.block_row, valid, end, layout, num_kv_heads, block_size, head_size)
         buf[:, :, valid:end] = torch.take(kv_cache, index)
     if key is not None:
-        rows = slice(blk.start, blk.start + n)
-        buf[0, :, prefix:length] = key[rows].view(n, num_kv_heads, head_size).transpose(0, 1)
-        buf[1, :, prefix:length] = value[rows].view(n, num_kv_heads, head_size).transpose(0, 1)
+        key = key.view(-1, num_kv_heads, head_size)
+        value = value.view(-1, num_kv_heads, head_size)
+        rows = _tree_kv_rows(key, value, start, n)
+        if rows is not None:
+            buf[:, :, prefix:length] = rows
+        else:
+            buf[0, :, prefix:length] = key[start: start + n].transpose(0, 1)
+            buf[1, :, prefix:length] = value[start: start + n].transpose(0, 1)
     blk.mirror.valid[layer] = prefix + 1
-    q = query[blk.start: blk.start + n].view(n, num_kv_heads, group, head_size)
-    q = q.permute(1, 2, 0, 3).reshape(1, num_kv_heads, group * n, head_size).to(buf.dtype)
+    q = query.view(-1, num_kv_heads, group, head_size)[start: start + n]
+    q = q.permute(1, 2, 0, 3).reshape(1, num_kv_heads, group * n, head_size)
+    if q.dtype != buf.dtype:
+        q = q.to(buf.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         q, buf[0, None, :, :length], buf[1, None, :, :length], attn_mask=blk.bias,
         scale=scale)  # [1, H, g*n, hs]
-    rows_out = output.view(output.shape[0], -1)[blk.start: blk.start + n]
-    rows_out.view(n, num_kv_heads, group, head_size).copy_(
+    output.view(-1, num_kv_heads, group, head_size)[start: start + n].copy_(
         out.view(num_kv_heads, group, n, head_size).permute(2, 0, 1, 3))
