@@ -16,52 +16,37 @@ drafters from the engine's own spec-decode counters, for PTD from its worker cou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 
-def _ptd_configs(specs: list[str]) -> dict[str, dict]:
-    """`name=JSON` items (a bare JSON object is named "ptd")."""
-    configs = {}
-    for spec in specs:
-        name, _, text = spec.partition("=") if not spec.lstrip().startswith("{") else ("", "", spec)
-        configs[name or "ptd"] = json.loads(text)
-    return configs
-
-
-def _engines(methods: list[str], ptd: dict[str, dict]):
-    from ptd_bench.methods import NGRAM_SPEC, SUFFIX_SPEC  # the configs the bench compares
+def _engines(methods: list[str], ptd_configs: list[str]) -> dict:
+    """Label -> (method, engine), with the configs `vllm-ptd bench` compares."""
+    from ptd_bench.methods import build_methods
 
     from vllm_ptd.engine_utils import make_llm
 
-    specs = {"ngram": NGRAM_SPEC, "suffix": SUFFIX_SPEC}
-    engines = {"plain": make_llm(None, dtype="bfloat16", enforce_eager=True)}
     # vLLM 0.32's module scan fails for engines started after numba (ngram) is loaded.
-    for method in sorted(methods, key=lambda m: m == "ngram"):
-        if method == "ptd":
-            for name, config in ptd.items():
-                engines[name] = make_llm(None, ptd=config, dtype="bfloat16", enforce_eager=True)
-        else:
-            engines[method] = make_llm(None, dtype="bfloat16", enforce_eager=True,
-                                       speculative_config=specs[method])
-    return engines
+    chosen = sorted(build_methods(["plain", *methods], ptd_configs),
+                    key=lambda m: m.kind == "ngram")
+    return {m.label: (m, make_llm(None, ptd=m.ptd, dtype="bfloat16", enforce_eager=True,
+                                  speculative_config=m.spec)) for m in chosen}
 
 
-def _counters(engines: dict, ptd: dict) -> dict:
+def _counters(engines: dict) -> dict:
     from ptd_bench.counters import read_ptd, read_vllm
 
-    return {name: (read_ptd(llm) if name in ptd else read_vllm(llm))
-            for name, llm in engines.items() if name != "plain"}
+    return {label: (read_ptd(llm) if method.kind == "ptd" else read_vllm(llm))
+            for label, (method, llm) in engines.items() if method.kind != "plain"}
 
 
-def _tokens_per_step(name: str, before: dict, after: dict, ptd: dict, tokens: int,
-                     requests: int) -> float | None:
+def _tokens_per_step(method, before: dict, after: dict, tokens: int, requests: int
+                     ) -> float | None:
     from ptd_bench.counters import ptd_metrics, vllm_metrics
 
-    if name in ptd:
-        return ptd_metrics(before[name], after[name])["DE"]
-    return vllm_metrics(before[name], after[name], tokens, requests)["DE"]
+    if method.kind == "ptd":
+        return ptd_metrics(before, after)["DE"]
+    return vllm_metrics(before, after, tokens, requests)["DE"]
 
 
 def main() -> None:
@@ -72,9 +57,9 @@ def main() -> None:
                         help="skip this many questions of each set first")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--methods", nargs="+", default=["ptd", "ngram"],
-                        choices=["ptd", "ngram", "suffix"])
-    parser.add_argument("--ptd", nargs="+", default=["{}"],
-                        help="PTD configs: JSON, or name=JSON for several")
+                        choices=["ptd", "ngram", "suffix"], help="compared with plain")
+    parser.add_argument("--ptd", nargs="+", default=["{}"], metavar="[LABEL=]JSON",
+                        help="PTD configs, one column each (as in `vllm-ptd bench`)")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -83,33 +68,34 @@ def main() -> None:
     from vllm_ptd.datasets import sample_prompts
     from vllm_ptd.engine_utils import chat_prompts
 
-    ptd = _ptd_configs(args.ptd) if "ptd" in args.methods else {}
-    engines = _engines(args.methods, ptd)
+    engines = _engines(args.methods, args.ptd)
+    plain = engines["plain"][1]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     warm = SamplingParams(temperature=0, max_tokens=8)
     print("| set | " + " | ".join(engines) + " |")
     print("|---|" + "---|" * len(engines))
     for dataset in args.datasets:
         questions = sample_prompts(dataset, args.offset + args.prompts)[args.offset:]
-        prompts = chat_prompts(engines["plain"], questions)
-        for llm in engines.values():
+        prompts = chat_prompts(plain, questions)
+        for _, llm in engines.values():
             llm.generate(["Say hello."], warm, use_tqdm=False)
-        before = _counters(engines, ptd)
+        before = _counters(engines)
         tokens = dict.fromkeys(engines, 0)
         seconds = dict.fromkeys(engines, 0.0)
         for prompt in prompts:
-            for name, llm in engines.items():
+            for label, (_, llm) in engines.items():
                 start = time.perf_counter()
                 out = llm.generate([prompt], params, use_tqdm=False)
-                seconds[name] += time.perf_counter() - start
-                tokens[name] += len(out[0].outputs[0].token_ids)
-        after = _counters(engines, ptd)
-        rate = {name: tokens[name] / seconds[name] for name in engines}
+                seconds[label] += time.perf_counter() - start
+                tokens[label] += len(out[0].outputs[0].token_ids)
+        after = _counters(engines)
+        rate = {label: tokens[label] / seconds[label] for label in engines}
         cells = []
-        for name in engines:
-            cell = f"{rate[name]:.1f} tok/s ({rate[name] / rate['plain']:.2f}x"
-            if name != "plain":
-                de = _tokens_per_step(name, before, after, ptd, tokens[name], len(prompts))
+        for label, (method, _) in engines.items():
+            cell = f"{rate[label]:.1f} tok/s ({rate[label] / rate['plain']:.2f}x"
+            if method.kind != "plain":
+                de = _tokens_per_step(method, before[label], after[label], tokens[label],
+                                      len(prompts))
                 cell += f", DE {de:.2f}" if de is not None else ""
             cells.append(cell + ")")
         print(f"| {dataset} | " + " | ".join(cells) + " |", flush=True)

@@ -134,11 +134,13 @@ def _tree_kv_rows(key: torch.Tensor, value: torch.Tensor, start: int, n: int
     """Rows [start, start + n) of key and value as one [2, kv_heads, n, head_size] view, when
     value sits right after key in every row (both are views of the layer's fused qkv
     projection, as in vLLM's decoder layers): one copy writes both into a mirror. None when
-    they are laid out otherwise."""
+    they are laid out otherwise, or merely sit side by side in separate storages (a view
+    past key's own storage would be out of bounds)."""
     heads, head_size = key.shape[-2], key.shape[-1]
     if (key.dim() != 3 or value.shape != key.shape or value.stride() != key.stride()
             or key.stride(-1) != 1 or key.stride(-2) != head_size
-            or value.data_ptr() - key.data_ptr() != heads * head_size * key.element_size()):
+            or value.data_ptr() - key.data_ptr() != heads * head_size * key.element_size()
+            or value.untyped_storage().data_ptr() != key.untyped_storage().data_ptr()):
         return None
     row = key.stride(0)
     return key.as_strided((2, heads, n, head_size), (heads * head_size, head_size, row, 1),

@@ -102,11 +102,10 @@ def make_prepare_inputs(original):
             # Decode rows are one token per request plus its drafts; anything more is
             # prompt (prefill or a chunk of it).
             total = scheduler_output.total_num_scheduled_tokens
-            spec = scheduler_output.scheduled_spec_decode_tokens.values()
-            drafts = sum(map(len, spec))
-            decode = len(scheduler_output.num_scheduled_tokens) + drafts
+            lengths = [len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values()]
+            decode = len(scheduler_output.num_scheduled_tokens) + sum(lengths)
             drafter.step_started(total, has_prefill=total > decode,
-                                 trees=sum(1 for d in spec if d))
+                                 trees=len(lengths) - lengths.count(0))
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
