@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_ptd.core.budget import BudgetPolicy, GainModel, StepCostModel
+from vllm_ptd.core.budget import BudgetPolicy, GainModel, StepCostModel, budget_sizes
 
 
 def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
@@ -91,6 +91,28 @@ def _policy(slope: float, gain: float) -> BudgetPolicy:
 
 def test_policy_uses_the_whole_tree_when_rows_are_free() -> None:
     assert _policy(slope=0.0, gain=1).choose(1, 1) == 24
+
+
+def test_budget_sizes_are_a_coarse_grid_up_to_max_nodes() -> None:
+    assert budget_sizes(15) == [0, 4, 8, 11, 15]
+    assert budget_sizes(24) == [0, 6, 12, 18, 24]
+    assert budget_sizes(2) == [0, 1, 2]
+    assert budget_sizes(0) == [0]
+
+
+def test_policy_picks_a_partial_tree_when_each_row_costs_a_few_percent() -> None:
+    # A CPU without matrix units: ~4% of a plain step per row, 15% per tree.
+    policy = BudgetPolicy(max_nodes=24, explore_every=0)
+    for n in range(1, 60):
+        policy.cost.observe(n, 0.014 + 0.002 + 0.00056 * n)
+    for _ in range(500):
+        policy.gain.record(24, 1)
+    chosen = policy.choose(1, 1)
+    assert 0 < chosen < 24
+    n = np.array(budget_sizes(24))
+    rate = (1 + policy.gain.full_gain * policy.gain.shape(n)) / np.array(
+        [policy.cost.predict(1 + k, int(k > 0)) for k in n])
+    assert chosen == n[int(np.argmax(rate))]
 
 
 def test_policy_budget_shrinks_with_load_down_to_no_drafts() -> None:

@@ -36,8 +36,9 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
         0,
         1,
         (
-            "1: each step drafts the full tree or none, whichever measured step time and "
-            "acceptance say gives more tokens/s (core/budget.py); 0: always max_nodes"
+            "1: each step drafts none, a quarter, half, three quarters or all of max_nodes, "
+            "whichever measured step time and acceptance say gives more tokens/s "
+            "(core/budget.py); 0: always max_nodes"
         ),
     ),
     "context_ngram": (

@@ -1,7 +1,8 @@
 """Load-adaptive node budget: how many tree rows each drafting request gets in the next step.
 
-The policy picks, for the whole batch, the full tree (max_nodes rows per drafting request)
-or none, whichever maximises the batch's expected committed tokens per second:
+The policy picks, for the whole batch, one tree size n per drafting request from a small
+grid (none, and a quarter, half, three quarters or all of max_nodes), whichever maximises
+the batch's expected committed tokens per second:
 
     rate(n) = (R + D * G * s(n)) / step_time(R + D * n)
 
@@ -11,25 +12,29 @@ R requests are in the batch (each commits one token without drafts), D of them m
   step periods against the tokens each step scheduled (tree sizes, batch sizes and the
   exploration below give it the spread it needs; ridge priors keep it sane until then;
   idle gaps and steps with prompt tokens are not samples). On a GPU at small batch b is
-  close to 0 and the tree pays; on a CPU, or with a large batch, rows cost and the tree
-  stops paying.
+  close to 0 and the full tree pays; on a CPU rows cost, the more so without matrix units
+  (on an AVX-512 CPU without AMX one row of the embedded model costs ~4% of a plain step,
+  on one with AMX ~1-2%), and with a large batch the tree stops paying altogether.
 - `G * s(n)` is `GainModel`: accepted tokens per request-step with n rows; s is a saturating
-  curve with s(max_nodes) = 1 (tau = max_nodes / 2; on the embedded model 12 of 24 rows kept
-  72% of the 24-row gain, the curve says 73%), used for the exploration steps. G is measured
-  on the running workload, from steps of requests past their first 16 drafted steps, and
-  never taken below a floor.
-- Exploration: every 8th step runs half the budget and every 32nd none, so that the cost
-  model sees other step sizes and steps without trees under a steady load (otherwise its
-  slope is the prior's and its jump unknown). When one choice beats the other by 25% or
-  more, 4x less often: exploring cost 9-14% of batch-1 speed on this CPU, and an error that
+  curve with s(max_nodes) = 1 and tau = max_nodes / 3 (measured on first turns with the
+  15-node CPU default: 3 rows kept 40-60% of the full tree's gain, 5 rows 50-70%, 8 rows
+  75-80%; the curve says 47%, 67%, 84%). G is measured on the running workload from
+  every step with at least the grid's smallest size, each normalised by s(rows), from
+  requests past their first 16 drafted steps, and never taken below a floor.
+- Exploration: every 8th step runs half the chosen size and every 32nd none, so that the
+  cost model sees other step sizes and steps without trees under a steady load (otherwise
+  its slope is the prior's and its jump unknown). When one choice beats none by 25% or
+  more, 4x less often: exploring cost 9-14% of batch-1 speed on a CPU, and an error that
   large in the model is unlikely.
 
-Why all or nothing: T's rows are never accepted in their own step; they pay later, through
-the pool they fill. Any smaller tree starves T, the gain measured under it falls and the
-budget spirals down: allowing every size from 0 to max_nodes settled near 5 rows and 1.1
-tokens per step at batch 1 (the full tree gives about 2), and learning G from young
-requests drove it to no drafts at all. The floor on G exists for the same reason: G can
-only be measured while drafting, so an estimate that stops drafting would never be revised.
+Why a coarse grid and C's proportional share: T's rows are never accepted in their own
+step; they pay later, through the pool they fill. A tree whose size drifts row by row, or
+whose T is squeezed out by C, starves T, the gain measured under it falls and the budget
+spirals down (seen with every size from 0 to max_nodes allowed and C filling first: batch 1
+settled near 5 rows and 1.1 tokens per step). The proposer gives C the same share of any
+size as of max_nodes, so T keeps growing at every grid size, and the floor on G keeps
+drafting alive: G can only be measured while drafting, so an estimate that stops drafting
+would never be revised.
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
@@ -42,6 +47,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def budget_sizes(max_nodes: int) -> list[int]:
+    """The sizes the policy chooses from: none, and about a quarter, half, three quarters
+    and all of max_nodes (ascending, distinct)."""
+    sizes = {0, max_nodes}
+    sizes.update(max(1, round(max_nodes * f)) for f in (0.25, 0.5, 0.75) if max_nodes > 0)
+    return sorted(sizes)
+
+
 @dataclass
 class StepCostModel:
     """Step time (s) as a + c * trees + b * tokens, fitted online by least squares with
@@ -51,9 +64,9 @@ class StepCostModel:
     tree, not per step: with one price per step, 4 requests' trees looked 18% cheaper than
     they were and the budget drafted at 0.85x plain speed (GSM8K, 4 requests at once)."""
 
-    decay: float = 0.98              # weight of a sample after each newer one
+    decay: float = 0.995             # weight of a sample after each newer one
     slope_prior: float = 0.01        # prior b as a fraction of the mean step time
-    prior_strength: float = 2000.0   # ridge weight on b toward that prior (token^2 units)
+    prior_strength: float = 300.0    # ridge weight on b toward that prior (token^2 units)
     jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
     samples: int = 0
     fastest: float = float("inf")    # shortest step seen (s): the outlier guard's yardstick
@@ -116,15 +129,20 @@ class GainModel:
         self._weight = self.prior_steps
 
     def shape(self, n: np.ndarray | int) -> np.ndarray:
-        """s(n), 0 at n = 0 and 1 at max_nodes."""
-        tau = max(self.max_nodes, 1) / 2.0
-        return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-2.0))
+        """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3)."""
+        tau = max(self.max_nodes, 1) / 3.0
+        return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-3.0))
+
+    @property
+    def min_rows(self) -> int:
+        """Smallest tree learned from: the policy's smallest non-zero size."""
+        return budget_sizes(self.max_nodes)[1] if self.max_nodes > 0 else 1
 
     def record(self, rows: int, accepted: int, request_steps: int | None = None) -> None:
         """One request-step that ran `rows` rows besides x and accepted `accepted` tokens,
         the request's `request_steps`-th drafted step (None: mature)."""
-        if rows * 2 < self.max_nodes:
-            return   # a starved tree says little about the full budget's worth
+        if rows < self.min_rows:
+            return   # a tree cut short (e.g. by max_model_len) says little about G
         if request_steps is not None and request_steps < self.mature_steps:
             return   # the pool and T of a young request are still filling
         self._sum = self.decay * self._sum + accepted / float(self.shape(rows))
@@ -175,11 +193,7 @@ class BudgetPolicy:
             return 0
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
-        # The full tree or none: a tree cut short starves T, whose rows feed the pool that
-        # C draws from, and the gain measured under that regime falls with it (measured:
-        # with every size from 0 to max_nodes allowed, batch 1 settled near 5 rows and
-        # DE 1.1 instead of 2). Intermediate sizes are only visited by exploration.
-        n = np.array([0, self.max_nodes])
+        n = np.array(budget_sizes(self.max_nodes))
         a, b, c = self.cost.coefficients()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
         seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
@@ -189,7 +203,7 @@ class BudgetPolicy:
             return 0
         self._choices += 1
         every = self.explore_every
-        if rate.max() >= self.clear_margin * rate.min():
+        if rate.max() >= self.clear_margin * rate[0]:
             every *= self.clear_explore_factor
         if every and self._choices % every == 0:
             # Alternate half the budget and none: the model needs other batch sizes and

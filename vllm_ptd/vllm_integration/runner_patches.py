@@ -183,8 +183,14 @@ def pack_batch_tree_masks(blocks: list[TreeBlock], num_scheduled_tokens: np.ndar
 
 
 def _greedy_argmax(logits: torch.Tensor) -> np.ndarray:
-    """Row argmax, first index on ties like torch.argmax; numpy's is ~8x faster on CPU."""
-    return logits.detach().float().cpu().numpy().argmax(axis=-1)
+    """Row argmax of the float32 logits, first index on ties. On CPU through the op vLLM's
+    own Sampler uses for greedy rows (`_C.greedy_argmax`), so a tree row picks exactly as
+    plain decoding does; on an AVX-512 CPU 89 µs against numpy's 210 for 16 rows over a 49k
+    vocabulary (43 against 27 for 6)."""
+    rows = logits.detach().float()
+    if rows.device.type == "cpu" and hasattr(torch.ops._C, "greedy_argmax"):
+        return torch.ops._C.greedy_argmax(rows).view(-1).numpy()
+    return rows.cpu().numpy().argmax(axis=-1)
 
 
 def _all_plain_greedy(runner, drafter) -> bool:
