@@ -56,7 +56,7 @@ def test_cost_model_flags_idle_gaps() -> None:
     assert not model.is_outlier(5, 0.06)
 
 
-def test_gain_model_learns_the_full_budget_gain_from_large_trees_only() -> None:
+def test_gain_model_learns_the_full_budget_gain_from_grid_sized_trees_only() -> None:
     model = GainModel(max_nodes=24)
     assert model.shape(0) == 0.0 and model.shape(24) == pytest.approx(1.0)
     shapes = model.shape(np.arange(25))
