@@ -123,20 +123,17 @@ class GainModel:
     floor: float = 0.6         # G used is never below this (see `full_gain`)
     _sum: float = field(init=False)
     _weight: float = field(init=False)
+    min_rows: int = field(init=False)   # smallest tree learned from: the grid's least size
 
     def __post_init__(self) -> None:
         self._sum = self.prior_gain * self.prior_steps
         self._weight = self.prior_steps
+        self.min_rows = budget_sizes(self.max_nodes)[1] if self.max_nodes > 0 else 1
 
     def shape(self, n: np.ndarray | int) -> np.ndarray:
         """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3)."""
         tau = max(self.max_nodes, 1) / 3.0
         return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-3.0))
-
-    @property
-    def min_rows(self) -> int:
-        """Smallest tree learned from: the policy's smallest non-zero size."""
-        return budget_sizes(self.max_nodes)[1] if self.max_nodes > 0 else 1
 
     def record(self, rows: int, accepted: int, request_steps: int | None = None) -> None:
         """One request-step that ran `rows` rows besides x and accepted `accepted` tokens,
@@ -184,8 +181,11 @@ class BudgetPolicy:
     clear_explore_factor: int = 4
     _choices: int = 0
 
+    sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
+
     def __post_init__(self) -> None:
         self.gain = GainModel(self.max_nodes)
+        self.sizes = np.array(budget_sizes(self.max_nodes))
 
     def choose(self, num_requests: int, num_drafting: int) -> int:
         """Rows per drafting request (0..max_nodes) maximising expected tokens per second."""
@@ -193,7 +193,7 @@ class BudgetPolicy:
             return 0
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
-        n = np.array(budget_sizes(self.max_nodes))
+        n = self.sizes
         a, b, c = self.cost.coefficients()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
         seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
