@@ -145,3 +145,25 @@ def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:
     policy = BudgetPolicy(max_nodes=16)
     assert policy.choose(8, 8) == 16
     assert policy.choose(8, 0) == 0
+
+
+def test_chain_policy_chooses_none_or_a_chain_priced_by_its_mean_length() -> None:
+    """Chains: the grid is none or up to max_nodes, the gain does not depend on the budget,
+    and the cost counts the rows chains really ran (mean), with no per-tree price."""
+    policy = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
+    assert policy.sizes.tolist() == [0, 8]
+    for n in range(1, 300):
+        policy.cost.observe(1 + n % 9, 0.010 + 0.001 * (1 + n % 9), trees=0)
+    for _ in range(600):
+        policy.gain.record(3, 1)      # chains of 3 rows accepting one token each
+    assert policy.gain.mean_rows == pytest.approx(3.0, abs=0.2)
+    assert policy.gain.full_gain == pytest.approx(1.0, abs=0.05)
+    # one request: 2 tokens in ~14 ms against 1 token in ~11 ms: chain
+    assert policy.choose(1, 1) == 8
+    # rows ten times as expensive: (1 + 1) / (10 + 4 * 10) ms loses to 1 / 20 ms
+    costly = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
+    for n in range(1, 300):
+        costly.cost.observe(1 + n % 9, 0.010 + 0.010 * (1 + n % 9), trees=0)
+    for _ in range(600):
+        costly.gain.record(3, 1)
+    assert costly.choose(1, 1) == 0

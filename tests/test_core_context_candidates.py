@@ -92,3 +92,34 @@ def test_history_must_end_with_x() -> None:
     state = PTDRequestState(PTDConfig(), [1, 2, 3], frozenset())
     with pytest.raises(ValueError, match="not x"):
         state.propose(9, committed=[4])
+
+
+def test_chain_shape_drafts_only_the_first_path_of_c_and_no_t() -> None:
+    """draft_shape 1: [x; C's first path], capped by the budget; T gets no rows, so the
+    layout is a chain (every row's parent the row before)."""
+    prompt = [1, 2, 11, 12, 13, 14, 15, 16, 3, 11, 12, 20, 21, 4, 11]
+    cfg = PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
+                    max_candidate_nodes=12, draft_shape=1)
+    state = PTDRequestState(cfg, prompt, frozenset())
+    assert state.tree.num_nodes() > 0      # T exists; a chain step just does not carry it
+    layout = state.propose(12, committed=[12])  # "11 12" was followed by 13... and by 20...
+    assert layout.is_chain and layout.num_draft == 0
+    assert layout.tokens[1:].tolist() == [20, 21, 4, 11, 12]   # the most recent match
+    short = PTDRequestState(cfg, prompt, frozenset()).propose(12, budget=2, committed=[12])
+    assert short.tokens.tolist() == [12, 20, 21]
+    tree = PTDRequestState(PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
+                                     max_candidate_nodes=12), prompt, frozenset())
+    assert not tree.propose(12, committed=[12]).is_chain
+
+
+def test_chain_shape_learns_from_verification_and_stays_a_chain() -> None:
+    cfg = PTDConfig(draft_shape=1, max_nodes=8)
+    state = PTDRequestState(cfg, [5, 6, 7, 8, 9], frozenset())
+    x = 9
+    for step in range(6):
+        layout = state.propose(x)
+        assert layout.is_chain and layout.num_draft == 0
+        argmax = np.full(len(layout), 5 + step, dtype=np.int64)
+        result = verify_greedy(layout, argmax)
+        state.observe(layout, argmax, result)
+        x = result.bonus

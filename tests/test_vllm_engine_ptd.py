@@ -92,8 +92,10 @@ def ptd_llm():
 
     # A fixed budget: these tests measure the algorithm's tokens per step at the configured
     # tree size (the adaptive budget trades some of it for step time; the serve tests run
-    # with it on, its policy is unit-tested in test_core_budget.py).
-    llm = make_llm(ptd={"adaptive_budget": 0}, max_num_seqs=16)
+    # with it on, its policy is unit-tested in test_core_budget.py). Trees, not the CPU
+    # default's chains (those have their own test below): these tests cover tree attention,
+    # tree verification and KV compaction.
+    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 0}, max_num_seqs=16)
     yield llm
     del llm
     gc.collect()
@@ -111,6 +113,7 @@ def test_ptd_greedy_equals_plain_16_at_once_and_commits_more_than_one_token_per_
     after = snapshot(ptd_llm)
     assert _mismatches(got, plain_outputs["batch16"]) == []
     assert all(len(o) > 0 for o in got)
+    assert after["masked_blocks"] > before["masked_blocks"]   # trees took the masked path
     de = (after["tokens"] - before["tokens"]) / (after["steps"] - before["steps"])
     record_property("DE_batch16", de)
     print(f"\nPTD in vLLM, 48 prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
@@ -131,6 +134,31 @@ def test_ptd_greedy_equals_plain_one_request_at_a_time_per_dataset(
         print(f"\n{name}: DE {de:.2f} HR {after['HR']:.2f}")
         record_property(f"DE_{name}", de)
         assert de > 1.1, name
+
+
+def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
+        prompts, plain_outputs, record_property):
+    """draft_shape 1 (the CPU default): every step's layout is a chain, which runs through
+    vLLM's own causal attention kernel; output still equals plain decoding."""
+    from vllm_ptd.engine_utils import make_llm
+
+    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 1}, max_num_seqs=16)
+    try:
+        flat = [p for name in DATASETS for p in prompts[name]]
+        got = _generate(llm, flat, 16)
+        snap = snapshot(llm)
+        assert _mismatches(got, plain_outputs["batch16"]) == []
+        de = snap["tokens"] / snap["steps"]
+        record_property("DE_chains_batch16", de)
+        print(f"\nPTD chains, 48 prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
+        assert de > 1.3
+        assert snap["T_nodes_per_step"] == 0.0     # no draft-tree rows were carried
+        assert snap["masked_blocks"] == 0          # no step needed tree attention
+        assert snap["kv_moves"] == 0               # a chain's accepted rows are its prefix
+        assert settled_live_states(llm) == 0
+    finally:
+        del llm
+        gc.collect()
 
 
 def test_requests_joining_mid_flight_get_plain_output(prompts, plain_outputs, ptd_llm):
@@ -170,7 +198,7 @@ def test_preemption_with_a_tiny_kv_cache_keeps_output_identical(prompts):
     outputs = {}
     # A fixed budget: this test is about trees across preemption, and under 16 requests the
     # load-adaptive default may rightly draft (almost) nothing.
-    for name, ptd in (("plain", None), ("ptd", {"adaptive_budget": 0})):
+    for name, ptd in (("plain", None), ("ptd", {"adaptive_budget": 0, "draft_shape": 0})):
         # 12 blocks of 128 tokens for 16 requests of ~100-250 tokens forces preemption.
         llm = make_llm(ptd=ptd, num_gpu_blocks_override=12, max_model_len=1024,
                        max_num_seqs=16)

@@ -31,7 +31,7 @@ PROMPTS = [
     "\n   "),
 ]
 # Small fixed trees: many requests per step, each drafted whatever the load.
-PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0}
+PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0, "draft_shape": 0}
 DRAWS = 200          # continuations per prompt and engine run (the wrong rule: p ~1e-69 at 400)
 POSITIONS = 6        # tokens per continuation
 FAMILY_ALPHA = 1e-3  # family-wise false-alarm rate of one distribution comparison

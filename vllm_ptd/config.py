@@ -41,6 +41,17 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
             "(core/budget.py); 0: always max_nodes"
         ),
     ),
+    "draft_shape": (
+        int,
+        0,
+        1,
+        (
+            "0: tree, each step carries C and the draft tree T (the paper's); 1: chain, "
+            "each step carries only C's first path (context match first, then the pool), "
+            "no T: a chain attends through the backend's own causal kernel, cheaper than "
+            "tree attention where extra rows cost (default on CPU)"
+        ),
+    ),
     "context_ngram": (
         int,
         0,
@@ -73,6 +84,7 @@ class PTDConfig:
     max_nodes: int = 64
     max_candidate_nodes: int = 32
     adaptive_budget: int = 1
+    draft_shape: int = 0
     context_ngram: int = 4
     context_min_ngram: int = 2
     context_matches: int = 4

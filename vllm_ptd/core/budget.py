@@ -116,6 +116,9 @@ class GainModel:
     """Accepted tokens per request-step with n rows: G * s(n) (see the module docstring)."""
 
     max_nodes: int
+    # Chains (config draft_shape 1): a chain's length is what its sources offer, up to the
+    # budget, so s(n) is 1 for any n > 0 and `mean_rows` says how long chains run.
+    chain: bool = False
     decay: float = 0.99        # per learning request-step
     prior_gain: float = 1.0    # G before measurements
     prior_steps: float = 10.0  # its weight in request-steps
@@ -124,14 +127,18 @@ class GainModel:
     _sum: float = field(init=False)
     _weight: float = field(init=False)
     min_rows: int = field(init=False)   # smallest tree learned from: the grid's least size
+    mean_rows: float = field(init=False)  # rows per learned request-step (decayed mean)
 
     def __post_init__(self) -> None:
         self._sum = self.prior_gain * self.prior_steps
         self._weight = self.prior_steps
-        self.min_rows = budget_sizes(self.max_nodes)[1] if self.max_nodes > 0 else 1
+        self.mean_rows = float(self.max_nodes)
+        self.min_rows = 1 if self.chain or self.max_nodes <= 0 else budget_sizes(self.max_nodes)[1]
 
     def shape(self, n: np.ndarray | int) -> np.ndarray:
-        """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3)."""
+        """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3); for chains 1 at n > 0."""
+        if self.chain:
+            return (np.asarray(n) > 0).astype(np.float64)
         tau = max(self.max_nodes, 1) / 3.0
         return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-3.0))
 
@@ -144,6 +151,7 @@ class GainModel:
             return   # the pool and T of a young request are still filling
         self._sum = self.decay * self._sum + accepted / float(self.shape(rows))
         self._weight = self.decay * self._weight + 1.0
+        self.mean_rows += (1.0 - self.decay) * (rows - self.mean_rows)
 
     @property
     def measured_gain(self) -> float:
@@ -165,6 +173,7 @@ class BudgetPolicy:
     """Chooses one per-request row budget for the next step from the two models."""
 
     max_nodes: int
+    chain: bool = False   # requests draft chains (config draft_shape 1), not trees
     cost: StepCostModel = field(default_factory=StepCostModel)
     gain: GainModel = field(init=False)
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
@@ -184,8 +193,10 @@ class BudgetPolicy:
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
 
     def __post_init__(self) -> None:
-        self.gain = GainModel(self.max_nodes)
-        self.sizes = np.array(budget_sizes(self.max_nodes))
+        self.gain = GainModel(self.max_nodes, chain=self.chain)
+        # A chain is as long as its sources make it: the choice is none or up to max_nodes.
+        self.sizes = np.array([0, self.max_nodes] if self.chain
+                              else budget_sizes(self.max_nodes))
 
     def choose(self, num_requests: int, num_drafting: int) -> int:
         """Rows per drafting request (0..max_nodes) maximising expected tokens per second."""
@@ -196,7 +207,10 @@ class BudgetPolicy:
         n = self.sizes
         a, b, c = self.cost.coefficients()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-        seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
+        rows = np.minimum(n, self.gain.mean_rows) if self.chain else n
+        # Chains attend through the backend's causal kernel: no per-tree price c.
+        trees = 0.0 if self.chain else c * num_drafting * (n > 0)
+        seconds = a + trees + b * (num_requests + num_drafting * rows)
         rate = tokens / np.maximum(seconds, 1e-9)
         best = int(n[int(np.argmax(rate))])
         if rate.max() <= self.min_improvement * rate[0]:

@@ -44,6 +44,12 @@ class TreeLayout:
         """Rows of T."""
         return len(self) - 1 - self.num_candidates
 
+    @property
+    def is_chain(self) -> bool:
+        """Every row's parent is the row before it: the tree mask is causal, so any causal
+        attention kernel computes the tree's attention exactly."""
+        return bool(np.array_equal(self.parents[1:], np.arange(len(self) - 1)))
+
     def ancestor_mask(self) -> np.ndarray:
         """bool [n, n]: row i sees column j iff j is i or an ancestor of i."""
         n = len(self)
@@ -85,6 +91,17 @@ def split_budget(num_c: int, num_t: int, budget: int, c_cap: int) -> tuple[int, 
     nt = min(num_t, budget - nc)
     nc = min(num_c, budget - nt)
     return nc, nt
+
+
+def first_path(rows: tuple[list[int], list[int], list[int]]
+               ) -> tuple[list[int], list[int], list[int]]:
+    """The leading chain of DFS rows (tokens, parents, depths) whose parents are 0, 1, 2, ...
+    (layout row k's parent is row k - 1): the first child's first child and so on."""
+    k = 0
+    parents = rows[1]
+    while k < len(parents) and parents[k] == k:
+        k += 1
+    return rows[0][:k], rows[1][:k], rows[2][:k]
 
 
 def flatten_draft_tree(

@@ -16,7 +16,13 @@ import numpy as np
 from vllm_ptd.config import PTDConfig
 from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
 from vllm_ptd.core.context_index import ContextIndex
-from vllm_ptd.core.layout import TreeLayout, flatten_draft_tree, make_layout, split_budget
+from vllm_ptd.core.layout import (
+    TreeLayout,
+    first_path,
+    flatten_draft_tree,
+    make_layout,
+    split_budget,
+)
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.pool import DraftPool
 from vllm_ptd.core.tree import DraftTree, Node
@@ -30,6 +36,9 @@ def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
     h.update(int(seed).to_bytes(8, "little", signed=False))
     h.update(np.asarray(prompt_token_ids, dtype=np.int64).tobytes())
     return int.from_bytes(h.digest(), "little")
+
+
+CHAIN = 1  # config.draft_shape: C's first path only
 
 
 class PTDRequestState:
@@ -74,7 +83,8 @@ class PTDRequestState:
         """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
         draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
         in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
-        result is a valid tree for any budget.
+        result is a valid tree for any budget. With `draft_shape` chain: [x; first path of
+        C], at most `budget` rows besides x, and no T.
 
         committed: the tokens committed since the last call, ending with x (default [x]);
         they extend the context index.
@@ -93,6 +103,16 @@ class PTDRequestState:
                 trie = self.pool.tries.get(x)
                 merged = merge_with_pool(found, {} if trie is None else trie.root)
                 c_rows = flatten_trie(merged, budget)
+        if cfg.draft_shape == CHAIN:
+            # C's first path only, no T: context match first, else the pool's freshest.
+            if not c_rows[0]:
+                c_rows = self.pool.flatten(x, budget)
+            c_rows = first_path(tuple(rows[:budget] for rows in c_rows))
+            layout = make_layout(x, c_rows, ([], [], []))
+            self._t_nodes = []
+            self._proposed_len = len(layout)
+            self._proposed_nc = layout.num_candidates
+            return layout
         num_c = len(c_rows[0]) if c_rows[0] else self.pool.size(x)
         cap = cfg.max_candidate_nodes if candidate_cap is None else candidate_cap
         nc, nt = split_budget(num_c, self.tree.num_nodes(), budget, cap)

@@ -18,7 +18,7 @@ from vllm.logger import init_logger
 from vllm_ptd.core.budget import BudgetPolicy
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
-from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.request_state import CHAIN, PTDRequestState
 from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
@@ -53,6 +53,7 @@ class PTDProposer:
         self.records: dict[str, StepRecord] = {}   # verified this step, not yet observed
         self.stats = PTDStats()
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
+        self.masked_blocks = 0  # request-steps that needed tree attention (not chains)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
         # Fault injection for tests (set through introspection.inject_ptd_faults): the next
         # `count` per-request calls of that stage ("propose" or "verify") raise.
@@ -74,7 +75,8 @@ class PTDProposer:
                          or parallel.pipeline_parallel_size > 1)
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
-            self.policy = BudgetPolicy(self.config.max_nodes)
+            self.policy = BudgetPolicy(self.config.max_nodes,
+                                       chain=self.config.draft_shape == CHAIN)
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
         self.budget_sum = 0                        # step_budget summed over drafting steps
         self.budget_steps = 0
@@ -133,7 +135,8 @@ class PTDProposer:
         depth = self.accepted_by_depth
         last = max((k for k, v in enumerate(depth) if v), default=-1)
         out = {**self.stats.summary(), "live_states": self.num_live_states(),
-               "kv_moves": self.kv_moves, "fallbacks": self.fallbacks,
+               "kv_moves": self.kv_moves, "masked_blocks": self.masked_blocks,
+               "fallbacks": self.fallbacks,
                "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
                "accepted_by_depth": depth[: last + 1],
                "mean_budget": (self.budget_sum / self.budget_steps if self.budget_steps

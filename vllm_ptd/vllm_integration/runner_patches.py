@@ -102,10 +102,11 @@ def make_prepare_inputs(original):
             # Decode rows are one token per request plus its drafts; anything more is
             # prompt (prefill or a chunk of it).
             total = scheduler_output.total_num_scheduled_tokens
-            lengths = [len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values()]
-            decode = len(scheduler_output.num_scheduled_tokens) + sum(lengths)
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
             drafter.step_started(total, has_prefill=total > decode,
-                                 trees=len(lengths) - lengths.count(0))
+                                 trees=sum(1 for req_id, drafts in spec.items()
+                                           if drafts and not _is_chain(drafter, req_id)))
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
@@ -136,8 +137,11 @@ def make_prepare_inputs(original):
             positions.append(p + layout.depths.astype(np.int64))
             self._ptd_trees[req_id] = TreeInFlight(
                 idx, start, layout, slot_mapping[start:start + n].to("cpu", torch.int64))
+            if layout.is_chain:
+                continue   # a causal block: the backend's own kernel attends to it exactly
             blocks.append(TreeBlock(idx, start, n, torch.from_numpy(layout.ancestor_mask()),
                                     req_id))
+        drafter.masked_blocks += len(blocks)
         if not blocks:
             return result
         # Tree positions go in after the slot mapping was computed from linear positions.
@@ -151,6 +155,12 @@ def make_prepare_inputs(original):
         return result
 
     return _prepare_inputs
+
+
+def _is_chain(drafter, req_id: str) -> bool:
+    """The request's pending layout is a chain (no tree attention needed; see TreeLayout)."""
+    layout = drafter.pending.get(req_id)
+    return layout is not None and layout.is_chain
 
 
 def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
