@@ -147,23 +147,32 @@ def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:
     assert policy.choose(8, 0) == 0
 
 
-def test_chain_policy_chooses_none_or_a_chain_priced_by_its_mean_length() -> None:
-    """Chains: the grid is none or up to max_nodes, the gain does not depend on the budget,
-    and the cost counts the rows chains really ran (mean), with no per-tree price."""
+def test_chain_policy_cuts_chains_where_one_more_row_no_longer_pays() -> None:
+    """Chains: the cap is chosen per row from the measured acceptance at each position and
+    the rows chains really ran, with no per-tree price."""
     policy = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
-    assert policy.sizes.tolist() == [0, 8]
-    for n in range(1, 300):
-        policy.cost.observe(1 + n % 9, 0.010 + 0.001 * (1 + n % 9), trees=0)
-    for _ in range(600):
-        policy.gain.record(3, 1)      # chains of 3 rows accepting one token each
-    assert policy.gain.mean_rows == pytest.approx(3.0, abs=0.2)
-    assert policy.gain.full_gain == pytest.approx(1.0, abs=0.05)
-    # one request: 2 tokens in ~14 ms against 1 token in ~11 ms: chain
-    assert policy.choose(1, 1) == 8
-    # rows ten times as expensive: (1 + 1) / (10 + 4 * 10) ms loses to 1 / 20 ms
+    assert policy.sizes.tolist() == list(range(9))
+    for n in range(1, 300):   # 10 ms a step plus 0.5 ms a row
+        policy.cost.observe(1 + n % 9, 0.010 + 0.0005 * (1 + n % 9), trees=0)
+    # every chain has 6 rows; the first k are accepted in a fraction 0.5^k of the steps
+    # (the trailing one bits of 0..63), without forgetting so that the check is exact
+    policy.gain.decay = 1.0
+    for _ in range(30):
+        for i in range(64):
+            policy.gain.record(6, min(6, (i ^ (i + 1)).bit_length() - 1))
+    tokens, rows = policy.gain.expected()
+    assert rows[6] == pytest.approx(6.0, abs=0.05) and rows[8] == pytest.approx(rows[6], abs=0.05)
+    assert tokens[1] == pytest.approx(0.5, abs=0.05)
+    assert tokens[6] == pytest.approx(sum(0.5 ** k for k in range(1, 7)), abs=0.02)
+    # marginal row k pays while 0.5^k > 0.5 ms * rate: the first three rows, not the fourth
+    a, b, _ = policy.cost.coefficients()
+    rate = (1 + tokens) / (a + b * (1 + rows))
+    assert policy.choose(1, 1) == int(np.argmax(rate)) == 3
+    # a row costs as much as the rest of the step and the first row is accepted one time
+    # in five: no chain pays
     costly = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
     for n in range(1, 300):
         costly.cost.observe(1 + n % 9, 0.010 + 0.010 * (1 + n % 9), trees=0)
-    for _ in range(600):
-        costly.gain.record(3, 1)
+    for i in range(1000):
+        costly.gain.record(3, int(i % 5 == 0))
     assert costly.choose(1, 1) == 0

@@ -38,7 +38,9 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
         (
             "1: each step drafts none, a quarter, half, three quarters or all of max_nodes, "
             "whichever measured step time and acceptance say gives more tokens/s "
-            "(core/budget.py); 0: always max_nodes"
+            "(core/budget.py); with chains (draft_shape 1) the cap on the chain's length, "
+            "chosen row by row from the measured acceptance at each position; 0: always "
+            "max_nodes"
         ),
     ),
     "draft_shape": (

@@ -36,6 +36,12 @@ size as of max_nodes, so T keeps growing at every grid size, and the floor on G 
 drafting alive: G can only be measured while drafting, so an estimate that stops drafting
 would never be revised.
 
+Chains (config draft_shape 1, the CPU default): the policy instead picks a cap L on the
+chain's length, 0..max_nodes, from `ChainGainModel`, the measured acceptance at each chain
+position and how often chains reach it: rate(L) = (R + D * tokens(L)) / step_time(R + D *
+rows(L)), with no per-tree price (a chain attends through the backend's causal kernel). A
+row is kept while its acceptance pays for its cost; exploration and the 15% margin as above.
+
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
 
@@ -116,9 +122,6 @@ class GainModel:
     """Accepted tokens per request-step with n rows: G * s(n) (see the module docstring)."""
 
     max_nodes: int
-    # Chains (config draft_shape 1): a chain's length is what its sources offer, up to the
-    # budget, so s(n) is 1 for any n > 0 and `mean_rows` says how long chains run.
-    chain: bool = False
     decay: float = 0.99        # per learning request-step
     prior_gain: float = 1.0    # G before measurements
     prior_steps: float = 10.0  # its weight in request-steps
@@ -127,18 +130,14 @@ class GainModel:
     _sum: float = field(init=False)
     _weight: float = field(init=False)
     min_rows: int = field(init=False)   # smallest tree learned from: the grid's least size
-    mean_rows: float = field(init=False)  # rows per learned request-step (decayed mean)
 
     def __post_init__(self) -> None:
         self._sum = self.prior_gain * self.prior_steps
         self._weight = self.prior_steps
-        self.mean_rows = float(self.max_nodes)
-        self.min_rows = 1 if self.chain or self.max_nodes <= 0 else budget_sizes(self.max_nodes)[1]
+        self.min_rows = budget_sizes(self.max_nodes)[1] if self.max_nodes > 0 else 1
 
     def shape(self, n: np.ndarray | int) -> np.ndarray:
-        """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3); for chains 1 at n > 0."""
-        if self.chain:
-            return (np.asarray(n) > 0).astype(np.float64)
+        """s(n), 0 at n = 0 and 1 at max_nodes (tau = max_nodes / 3)."""
         tau = max(self.max_nodes, 1) / 3.0
         return (1.0 - np.exp(-np.asarray(n, dtype=np.float64) / tau)) / (1.0 - math.exp(-3.0))
 
@@ -151,7 +150,6 @@ class GainModel:
             return   # the pool and T of a young request are still filling
         self._sum = self.decay * self._sum + accepted / float(self.shape(rows))
         self._weight = self.decay * self._weight + 1.0
-        self.mean_rows += (1.0 - self.decay) * (rows - self.mean_rows)
 
     @property
     def measured_gain(self) -> float:
@@ -169,13 +167,59 @@ class GainModel:
 
 
 @dataclass
+class ChainGainModel:
+    """Chains (config draft_shape 1): per chain position k, how often a request-step had a
+    k-th row and how often its first k rows were all accepted. A chain runs as long as its
+    sources offer, up to the cap, so a cap L costs the rows that really exist below it and
+    gains the acceptance measured at each position: the policy cuts chains where the
+    acceptance of one more row no longer pays for it (on first turns the fifth row of a
+    chain was accepted in ~10% of steps, the eighth in ~5%)."""
+
+    max_nodes: int
+    decay: float = 0.995       # per learning request-step
+    prior_steps: float = 10.0  # weight of the prior: every row exists, row k accepted 0.6^k
+    mature_steps: int = 16     # a request's first steps are not learned from
+    _steps: float = field(init=False)
+    _exist: np.ndarray = field(init=False)   # decayed count of steps with a k-th row
+    _hit: np.ndarray = field(init=False)     # ... whose first k rows were accepted
+
+    def __post_init__(self) -> None:
+        k = np.arange(1, self.max_nodes + 1)
+        self._steps = self.prior_steps
+        self._exist = np.full(self.max_nodes, self.prior_steps)
+        self._hit = self.prior_steps * 0.6 ** k
+
+    def record(self, rows: int, accepted: int, request_steps: int | None = None) -> None:
+        if request_steps is not None and request_steps < self.mature_steps:
+            return
+        rows, accepted = min(rows, self.max_nodes), min(accepted, rows, self.max_nodes)
+        self._steps = self.decay * self._steps + 1.0
+        self._exist *= self.decay
+        self._hit *= self.decay
+        self._exist[:rows] += 1.0
+        self._hit[:accepted] += 1.0
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted tokens, rows) per request-step for each cap L = 0..max_nodes."""
+        zero = np.zeros(1)
+        tokens = np.concatenate([zero, np.cumsum(self._hit) / self._steps])
+        rows = np.concatenate([zero, np.cumsum(self._exist) / self._steps])
+        return tokens, rows
+
+    @property
+    def full_gain(self) -> float:
+        """Accepted tokens per request-step with the whole budget (reported)."""
+        return float(self.expected()[0][-1])
+
+
+@dataclass
 class BudgetPolicy:
     """Chooses one per-request row budget for the next step from the two models."""
 
     max_nodes: int
     chain: bool = False   # requests draft chains (config draft_shape 1), not trees
     cost: StepCostModel = field(default_factory=StepCostModel)
-    gain: GainModel = field(init=False)
+    gain: GainModel | ChainGainModel = field(init=False)
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
     # models miss (young requests accept less than G; rows of several trees cost more than
     # the line says). With 1% it drafted at 0.88-0.95x plain with 4 requests at once, where
@@ -193,10 +237,12 @@ class BudgetPolicy:
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
 
     def __post_init__(self) -> None:
-        self.gain = GainModel(self.max_nodes, chain=self.chain)
-        # A chain is as long as its sources make it: the choice is none or up to max_nodes.
-        self.sizes = np.array([0, self.max_nodes] if self.chain
-                              else budget_sizes(self.max_nodes))
+        if self.chain:
+            self.gain = ChainGainModel(self.max_nodes)
+            self.sizes = np.arange(self.max_nodes + 1)   # a chain may stop at any row
+        else:
+            self.gain = GainModel(self.max_nodes)
+            self.sizes = np.array(budget_sizes(self.max_nodes))
 
     def choose(self, num_requests: int, num_drafting: int) -> int:
         """Rows per drafting request (0..max_nodes) maximising expected tokens per second."""
@@ -206,11 +252,14 @@ class BudgetPolicy:
             return self.max_nodes
         n = self.sizes
         a, b, c = self.cost.coefficients()
-        tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-        rows = np.minimum(n, self.gain.mean_rows) if self.chain else n
-        # Chains attend through the backend's causal kernel: no per-tree price c.
-        trees = 0.0 if self.chain else c * num_drafting * (n > 0)
-        seconds = a + trees + b * (num_requests + num_drafting * rows)
+        if isinstance(self.gain, ChainGainModel):
+            # Chains attend through the backend's causal kernel: no per-tree price c.
+            gained, rows = self.gain.expected()
+            tokens = num_requests + num_drafting * gained
+            seconds = a + b * (num_requests + num_drafting * rows)
+        else:
+            tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
+            seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
         rate = tokens / np.maximum(seconds, 1e-9)
         best = int(n[int(np.argmax(rate))])
         if rate.max() <= self.min_improvement * rate[0]:
