@@ -107,7 +107,7 @@ class PTDRequestState:
             # C's first path only, no T: context match first, else the pool's freshest.
             if not c_rows[0]:
                 c_rows = self.pool.flatten(x, budget)
-            c_rows = first_path(tuple(rows[:budget] for rows in c_rows))
+            c_rows = first_path(c_rows)   # both sources already stop at `budget` rows
             layout = make_layout(x, c_rows, ([], [], []))
             self._t_nodes = []
             self._proposed_len = len(layout)
