@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_ptd.core.budget import BudgetPolicy, GainModel, StepCostModel, budget_sizes
+from vllm_ptd.core.budget import (
+    BudgetPolicy,
+    GainModel,
+    RowAcceptanceModel,
+    StepCostModel,
+    budget_sizes,
+)
 
 
 def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
@@ -32,8 +38,8 @@ def test_cost_model_separates_the_price_of_each_tree_from_the_price_per_row() ->
     assert a == pytest.approx(0.040, abs=0.001)
     assert c == pytest.approx(0.006, abs=0.001)
     assert b == pytest.approx(0.0008, abs=0.00005)
-    assert model.predict(4, trees=0) == pytest.approx(0.0432, abs=0.001)
-    assert model.predict(52, trees=4) == pytest.approx(0.040 + 0.024 + 0.0416, abs=0.002)
+    assert model.predict(4, drafting=0) == pytest.approx(0.0432, abs=0.001)
+    assert model.predict(52, drafting=4) == pytest.approx(0.040 + 0.024 + 0.0416, abs=0.002)
 
 
 def test_cost_model_without_spread_keeps_the_prior_slope() -> None:
@@ -147,32 +153,72 @@ def test_policy_uses_the_full_budget_until_the_cost_model_has_samples() -> None:
     assert policy.choose(8, 0) == 0
 
 
-def test_chain_policy_cuts_chains_where_one_more_row_no_longer_pays() -> None:
-    """Chains: the cap is chosen per row from the measured acceptance at each position and
-    the rows chains really ran, with no per-tree price."""
-    policy = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
-    assert policy.sizes.tolist() == list(range(9))
-    for n in range(1, 300):   # 10 ms a step plus 0.5 ms a row
-        policy.cost.observe(1 + n % 9, 0.010 + 0.0005 * (1 + n % 9), trees=0)
-    # every chain has 6 rows; the first k are accepted in a fraction 0.5^k of the steps
-    # (the trailing one bits of 0..63), without forgetting so that the check is exact
-    policy.gain.decay = 1.0
-    for _ in range(30):
-        for i in range(64):
-            policy.gain.record(6, min(6, (i ^ (i + 1)).bit_length() - 1))
-    tokens, rows = policy.gain.expected()
-    assert rows[6] == pytest.approx(6.0, abs=0.05) and rows[8] == pytest.approx(rows[6], abs=0.05)
-    assert tokens[1] == pytest.approx(0.5, abs=0.05)
-    assert tokens[6] == pytest.approx(sum(0.5 ** k for k in range(1, 7)), abs=0.02)
-    # marginal row k pays while 0.5^k > 0.5 ms * rate: the first three rows, not the fourth
-    a, b, _ = policy.cost.coefficients()
-    rate = (1 + tokens) / (a + b * (1 + rows))
-    assert policy.choose(1, 1) == int(np.argmax(rate)) == 3
-    # a row costs as much as the rest of the step and the first row is accepted one time
-    # in five: no chain pays
-    costly = BudgetPolicy(max_nodes=8, chain=True, explore_every=0)
-    for n in range(1, 300):
-        costly.cost.observe(1 + n % 9, 0.010 + 0.010 * (1 + n % 9), trees=0)
-    for i in range(1000):
-        costly.gain.record(3, int(i % 5 == 0))
-    assert costly.choose(1, 1) == 0
+def test_row_acceptance_model_learns_each_class_from_the_rows_a_chain_reached() -> None:
+    model = RowAcceptanceModel(num_classes=3, decay=1.0, prior_weight=1e-9)
+    for i in range(96):
+        # class 0 always accepted, class 1 accepted one time in four, class 2 behind it
+        model.record([0, 1, 2], 1 + int(i % 4 == 0) + int(i % 8 == 0))
+    p = model.rates([0, 1, 2])
+    assert p[0] == pytest.approx(1.0) and p[1] == pytest.approx(0.25)
+    assert p[2] == pytest.approx(0.5)   # reached 24 times (after an accepted row 1), 12 hits
+    assert model.predicted([0, 1, 2]) == pytest.approx([1.0, 0.25, 0.125])
+    # a row after the first rejected one says nothing about its class
+    before = model.rates([2])[0]
+    model.record([1, 2], 0)
+    assert model.rates([2])[0] == before
+
+
+def _chain_policy(row_ms: float, chain_ms: float) -> BudgetPolicy:
+    """A chain policy whose cost model saw 10 ms a step, `row_ms` a token and `chain_ms` a
+    drafting request, at batch 1 with chains of 0-8 rows."""
+    policy = BudgetPolicy(max_nodes=8, chain=True)
+    for n in range(300):
+        rows = n % 9
+        policy.cost.observe(1 + rows, 0.010 + 1e-3 * (row_ms * (1 + rows) + chain_ms * (rows > 0)),
+                            drafting=int(rows > 0))
+    return policy
+
+
+def test_chain_policy_keeps_sure_rows_and_drops_chains_that_do_not_pay() -> None:
+    """Each row is kept while its predicted acceptance beats its price (b * rate); the whole
+    chain only when its surplus also beats the price of drafting at all (c * rate)."""
+    policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
+    sure, unsure = 0, 1
+    for _ in range(200):
+        policy.rows_model.record([sure] * 8, 8)       # always accepted
+        policy.rows_model.record([unsure] * 8, 0)     # never accepted
+    policy.rows_model.record([unsure] * 8, 1)
+    assert policy.choose(1, 1) == 8
+    a, b, c = policy.cost.coefficients()
+    assert (a, b, c) == pytest.approx((0.010, 0.0005, 0.002), rel=0.2)   # ridge priors pull
+    rate = (1 + policy.usage.accepted) / (a + c * policy.usage.drafted
+                                          + b * (1 + policy.usage.rows))
+    assert policy.row_price == pytest.approx(1.15 * b * rate)
+    assert policy.chain_price == pytest.approx(1.15 * c * rate)
+    assert policy.chain_length([sure] * 8) == 8
+    assert policy.chain_length([unsure] * 8) == 0
+    # sure rows, then unsure ones: the chain stops where the evidence does
+    assert policy.chain_length([sure, sure, sure, unsure, sure]) == 3
+    # one sure row pays for itself and for the chain; a coin flip pays a row, not a chain
+    policy.rows_model._hit[2], policy.rows_model._seen[2] = 0.2, 1.0
+    assert policy.chain_length([2]) == 0 and policy.chain_length([sure]) == 1
+    assert policy.chain_length([]) == 0
+
+
+def test_chain_prices_grow_with_the_batch_until_no_chain_pays() -> None:
+    policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
+    for _ in range(200):
+        policy.rows_model.record([0] * 4, 2)          # p ~ 2/3 per row
+    lengths = []
+    for requests in (1, 8, 64):
+        policy.choose(requests, requests)
+        lengths.append(policy.chain_length([0] * 4))
+    assert lengths[0] >= 2 and lengths[-1] == 0 and lengths == sorted(lengths, reverse=True)
+
+
+def test_chain_policy_keeps_every_row_until_the_cost_model_has_samples() -> None:
+    policy = BudgetPolicy(max_nodes=8, chain=True)
+    assert policy.choose(1, 1) == 8 and policy.row_price == policy.chain_price == 0.0
+    policy.rows_model.record([0] * 8, 0)
+    assert policy.chain_length([0] * 8) == 8
+    assert policy.choose(4, 0) == 0

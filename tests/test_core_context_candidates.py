@@ -9,6 +9,7 @@ from vllm_ptd.config import PTDConfig
 from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
 from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.shared_outputs import SharedOutputs
 from vllm_ptd.core.verify import verify_greedy
 
 
@@ -123,3 +124,81 @@ def test_chain_shape_learns_from_verification_and_stays_a_chain() -> None:
         result = verify_greedy(layout, argmax)
         state.observe(layout, argmax, result)
         x = result.bonus
+
+
+def test_best_path_is_the_first_path_of_the_continuations_with_its_evidence() -> None:
+    idx = ContextIndex(max_n=3, min_n=1)
+    # "2 3" was followed by "4 5" twice and by "4 6" once (most recently): 4 is agreed by
+    # all three occurrences, 5 by two of them.
+    idx.extend([2, 3, 4, 5, 0, 2, 3, 4, 5, 1, 2, 3, 4, 6, 9, 2, 3])
+    n, tokens, agree = idx.best_path(max_depth=3, max_matches=4)
+    assert n == 2 and tokens[:2] == [4, 5] and agree[:2] == [3, 2]
+    trie = idx.continuations(max_depth=3, max_matches=4)
+    first = []
+    while trie:
+        tok = next(iter(trie))
+        first.append(tok)
+        trie = trie[tok]
+    assert first == tokens
+    assert ContextIndex(max_n=2).best_path(3, 4) == (0, [], [])
+
+
+def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each() -> None:
+    from vllm_ptd.core.chain import (
+        CONTEXT,
+        NUM_CLASSES,
+        POOL,
+        SHARED,
+        chain_rows,
+        match_source,
+        row_class,
+        rows_from_shared,
+    )
+
+    idx = ContextIndex(max_n=3, min_n=1)
+    idx.extend([2, 3, 4, 7, 0, 2, 3, 4, 5, 1, 2, 3])   # "2 3 4 5" the most recent
+    # the pool knows 3 -> 4 -> 5 -> 8 and an older 3 -> 6
+    pool_root = {6: {}, 4: {5: {8: {}}}}
+    tokens, classes = chain_rows(idx, pool_root, limit=8, context_depth=2, context_matches=4)
+    # context: 4 (both occurrences, the pool agrees), 5 (one occurrence, the pool agrees);
+    # then the pool's continuation 8
+    assert tokens == [4, 5, 8]
+    assert classes == [row_class(match_source(CONTEXT, 2, True), 2, 1),
+                       row_class(match_source(CONTEXT, 1, True), 2, 2), row_class(POOL, 0, 3)]
+    assert rows_from_shared(classes) == 0
+    assert chain_rows(idx, pool_root, 2, 2, 4)[0] == [4, 5]
+    # no context match: the pool's freshest branch
+    assert chain_rows(None, pool_root, 8, 2, 4)[0] == [4, 5, 8]
+    assert chain_rows(None, None, 8, 2, 4) == ([], [])
+    every = {row_class(s, n, d) for s in range(9) for n in range(1, 9) for d in range(1, 9)}
+    # distinct classes: the pool has no n-gram bucket, matches no bucket 0
+    assert min(every) == 0 and max(every) == NUM_CLASSES - 1 and len(every) == 4 * (1 + 8 * 4)
+
+    # Other requests' outputs win when they match a longer n-gram: "1 2 3" -> 9 9
+    shared = SharedOutputs(max_tokens=64, max_n=3)
+    shared.add([7, 1, 2, 3, 9, 9])
+    tokens, classes = chain_rows(idx, pool_root, 8, 2, 4, shared)
+    assert tokens == [9, 9]
+    assert classes[0] == row_class(match_source(SHARED, 1, False), 3, 1)
+    assert rows_from_shared(classes) == 2
+    # ... and not when the own context matches as long an n-gram
+    shorter = SharedOutputs(max_tokens=64, max_n=3)
+    shorter.add([8, 2, 3, 6])
+    assert chain_rows(idx, pool_root, 8, 2, 4, shorter)[0] == [4, 5, 8]
+
+
+def test_shared_outputs_stay_bounded_and_never_continue_across_outputs() -> None:
+    shared = SharedOutputs(max_tokens=20, max_n=2)
+    assert shared.best_path([1, 2], 4, 4) == (0, [], [])
+    shared.add([1, 2, 3])
+    shared.add([5, 1, 2])          # ends after "1 2": nothing follows it in this output
+    n, tokens, agree = shared.best_path([9, 1, 2], 4, 4)
+    assert (n, tokens, agree) == (2, [3], [1])
+    for k in range(10):
+        shared.add([10 + k, 11 + k, 12 + k])
+        assert len(shared) <= 20
+    assert shared.num_outputs < 12
+    assert shared.best_path([9, 1, 2], 4, 4) == (0, [], [])   # the oldest were dropped
+    assert shared.best_path([19, 20], 4, 4) == (2, [21], [1])
+    with pytest.raises(ValueError, match="max_tokens"):
+        SharedOutputs(max_tokens=0, max_n=2)

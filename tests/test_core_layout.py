@@ -181,16 +181,12 @@ def test_observe_feeds_pool_from_t_predictions_and_c_feedback():
     assert state.stats.AL == 3.0 and state.stats.DE == 2.0
 
 
-def test_is_chain_and_first_path() -> None:
-    from vllm_ptd.core.layout import first_path
-
+def test_is_chain() -> None:
     chain = make_layout(7, ([1, 2, 3], [0, 1, 2], [1, 2, 3]), ([], [], []))
     assert chain.is_chain
     assert make_layout(7, ([], [], []), ([], [], [])).is_chain   # x alone
     fork = make_layout(7, ([1, 2, 3], [0, 1, 1], [1, 2, 2]), ([], [], []))
     assert not fork.is_chain
-    assert first_path(([1, 2, 3, 4], [0, 1, 1, 3], [1, 2, 2, 3])) == ([1, 2], [0, 1], [1, 2])
-    assert first_path(([], [], [])) == ([], [], [])
     # A T row hanging off x after C breaks the chain even when C itself is one.
     with_t = make_layout(7, ([1, 2], [0, 1], [1, 2]), ([9], [0], [1]))
     assert not with_t.is_chain

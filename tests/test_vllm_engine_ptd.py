@@ -139,7 +139,8 @@ def test_ptd_greedy_equals_plain_one_request_at_a_time_per_dataset(
 def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
         prompts, plain_outputs, record_property):
     """draft_shape 1 (the CPU default): every step's layout is a chain, which runs through
-    vLLM's own causal attention kernel; output still equals plain decoding."""
+    vLLM's own causal attention kernel, drafted from the request's context, its pool and
+    finished requests' outputs; output still equals plain decoding."""
     from vllm_ptd.engine_utils import make_llm
 
     llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 1}, max_num_seqs=16)
@@ -155,6 +156,8 @@ def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
         assert snap["T_nodes_per_step"] == 0.0     # no draft-tree rows were carried
         assert snap["masked_blocks"] == 0          # no step needed tree attention
         assert snap["kv_moves"] == 0               # a chain's accepted rows are its prefix
+        # requests that finished first drafted for the later ones (shared outputs)
+        assert snap["shared_outputs"] > 0 and snap["shared_rows"] > 0
         assert settled_live_states(llm) == 0
     finally:
         del llm

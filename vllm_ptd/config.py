@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+TREE, CHAIN = 0, 1   # the values of draft_shape
+
 # key -> (type, min, max, doc). `max` None means unbounded.
 PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
     "width": (int, 1, 64, "w: most children of a draft-tree node (paper default 4)"),
@@ -38,8 +40,9 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
         (
             "1: each step drafts none, a quarter, half, three quarters or all of max_nodes, "
             "whichever measured step time and acceptance say gives more tokens/s "
-            "(core/budget.py); with chains (draft_shape 1) the cap on the chain's length, "
-            "chosen row by row from the measured acceptance at each position; 0: always "
+            "(core/budget.py); with chains (draft_shape 1) each request's chain is cut "
+            "where a row's predicted acceptance (learned per kind of evidence) no longer pays "
+            "for its measured cost, and dropped when the whole chain does not; 0: always "
             "max_nodes"
         ),
     ),
@@ -70,6 +73,17 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
         "shortest suffix n-gram that may match when no longer one does (at most context_ngram)",
     ),
     "context_matches": (int, 1, 64, "earlier occurrences of the matched n-gram used"),
+    "shared_outputs": (
+        int,
+        0,
+        100_000_000,
+        (
+            "chains only: tokens of finished requests' outputs kept (newest first) to draft "
+            "other requests from, as suffix decoding's global tree (0: off). Outputs are "
+            "unchanged either way; set 0 where requests' acceptance rates must not depend "
+            "on each other"
+        ),
+    ),
     "context_depth": (int, 1, 64, "tokens taken after each occurrence"),
     "seed": (int, 0, 2**63 - 1, "seed of the draft-tree seeding RNG (mixed with the prompt)"),
 }
@@ -91,6 +105,7 @@ class PTDConfig:
     context_min_ngram: int = 2
     context_matches: int = 4
     context_depth: int = 8
+    shared_outputs: int = 65536
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ the batch's expected committed tokens per second:
 
 R requests are in the batch (each commits one token without drafts), D of them may draft.
 
-- `step_time` is `StepCostModel`: a + c * trees + b * N, fitted online to measured
+- `step_time` is `StepCostModel`: a + c * drafting + b * N, fitted online to measured
   step periods against the tokens each step scheduled (tree sizes, batch sizes and the
   exploration below give it the spread it needs; ridge priors keep it sane until then;
   idle gaps and steps with prompt tokens are not samples). On a GPU at small batch b is
@@ -36,11 +36,19 @@ size as of max_nodes, so T keeps growing at every grid size, and the floor on G 
 drafting alive: G can only be measured while drafting, so an estimate that stops drafting
 would never be revised.
 
-Chains (config draft_shape 1, the CPU default): the policy instead picks a cap L on the
-chain's length, 0..max_nodes, from `ChainGainModel`, the measured acceptance at each chain
-position and how often chains reach it: rate(L) = (R + D * tokens(L)) / step_time(R + D *
-rows(L)), with no per-tree price (a chain attends through the backend's causal kernel). A
-row is kept while its acceptance pays for its cost; exploration and the 15% margin as above.
+Chains (config draft_shape 1, the CPU default): each request's chain is cut on its own, row
+by row, from what its evidence predicts. `RowAcceptanceModel` learns, per evidence class of a
+row (core/chain.py: pool or context, how many matched occurrences agree, n-gram length,
+depth), how often such a row is accepted after the rows before it were; a chain's k-th row
+is then all-accepted with P_k = p_1 ... p_k. A row is kept while P_k exceeds its price, b *
+rate tokens (rate: the batch's expected tokens per second at its usual chains), and the
+chain is run only when its rows' surplus also pays c * rate, the fixed price of a drafting
+request; both with the 15% margin. This is the marginal condition of maximising (R + sum
+of accepted) / step_time over every request's rows at once, so it shrinks drafts as the batch
+grows (rate * b and rate * c grow with it) without a grid or exploration: chains of every
+length and steps without any happen on their own. Unsure chains (a pool guess, a single
+earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree drafter
+would also stop, sure ones (several occurrences agree) run long.
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
@@ -51,6 +59,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from vllm_ptd.core.chain import NUM_CLASSES
 
 
 def budget_sizes(max_nodes: int) -> list[int]:
@@ -63,11 +73,12 @@ def budget_sizes(max_nodes: int) -> list[int]:
 
 @dataclass
 class StepCostModel:
-    """Step time (s) as a + c * trees + b * tokens, fitted online by least squares with
-    exponential forgetting. c is the fixed price of each request's tree in a step (its own
-    tree-attention call and glue in every layer, PTD's bookkeeping), which a plain line
-    through tree steps would smear over every row and misplace the cost of no drafts. Per
-    tree, not per step: with one price per step, 4 requests' trees looked 18% cheaper than
+    """Step time (s) as a + c * drafting + b * tokens, fitted online by least squares with
+    exponential forgetting. c is the fixed price of each request with draft rows in a step
+    (a tree's own tree-attention call in every layer; for trees and chains alike the
+    verification, the sampler's draft path and PTD's bookkeeping), which a plain line
+    through drafting steps would smear over every row and misplace the cost of no drafts.
+    Per request, not per step: with one price per step, 4 requests' trees looked 18% cheaper than
     they were and the budget drafted at 0.85x plain speed (GSM8K, 4 requests at once)."""
 
     decay: float = 0.995             # weight of a sample after each newer one
@@ -79,10 +90,10 @@ class StepCostModel:
     _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
     _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
 
-    def observe(self, tokens: int, seconds: float, trees: int = 1) -> None:
-        """A step of `tokens` scheduled tokens, `trees` of its requests with tree rows."""
+    def observe(self, tokens: int, seconds: float, drafting: int = 1) -> None:
+        """A step of `tokens` scheduled tokens, `drafting` of its requests with draft rows."""
         self.fastest = min(self.fastest, seconds)
-        x = np.array([1.0, float(trees), float(tokens)])
+        x = np.array([1.0, float(drafting), float(tokens)])
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
         self.samples += 1
@@ -105,9 +116,9 @@ class StepCostModel:
         a = max(float(a_c) - b * mean_n, 0.0)
         return a, b, max(float(c), 0.0)
 
-    def predict(self, tokens: float, trees: int = 1) -> float:
+    def predict(self, tokens: float, drafting: int = 1) -> float:
         a, b, c = self.coefficients()
-        return a + c * trees + b * tokens
+        return a + c * drafting + b * tokens
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
         """An interval far beyond any step: the engine sat idle between two steps (one such
@@ -167,49 +178,57 @@ class GainModel:
 
 
 @dataclass
-class ChainGainModel:
-    """Chains (config draft_shape 1): per chain position k, how often a request-step had a
-    k-th row and how often its first k rows were all accepted. A chain runs as long as its
-    sources offer, up to the cap, so a cap L costs the rows that really exist below it and
-    gains the acceptance measured at each position: the policy cuts chains where the
-    acceptance of one more row no longer pays for it (on first turns the fifth row of a
-    chain was accepted in ~10% of steps, the eighth in ~5%)."""
+class RowAcceptanceModel:
+    """Chains (config draft_shape 1): for each evidence class of a row (core/chain.py), how
+    often such a row was accepted when every row before it in its chain was. A chain's
+    rows then have predicted acceptances P_k = p_1 * ... * p_k (the chance that its first k
+    rows are all accepted), which the policy weighs against their cost. Each class forgets
+    by `decay` per observation of that class, so rare classes keep what they learned."""
 
-    max_nodes: int
-    decay: float = 0.995       # per learning request-step
-    prior_steps: float = 10.0  # weight of the prior: every row exists, row k accepted 0.6^k
-    mature_steps: int = 16     # a request's first steps are not learned from
-    _steps: float = field(init=False)
-    _exist: np.ndarray = field(init=False)   # decayed count of steps with a k-th row
-    _hit: np.ndarray = field(init=False)     # ... whose first k rows were accepted
+    num_classes: int
+    prior: float = 0.5          # p of a class before it is observed
+    prior_weight: float = 2.0   # the prior's weight, in observations
+    decay: float = 0.998
+    _hit: np.ndarray = field(init=False)
+    _seen: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        k = np.arange(1, self.max_nodes + 1)
-        self._steps = self.prior_steps
-        self._exist = np.full(self.max_nodes, self.prior_steps)
-        self._hit = self.prior_steps * 0.6 ** k
+        self._hit = np.full(self.num_classes, self.prior * self.prior_weight)
+        self._seen = np.full(self.num_classes, self.prior_weight)
 
-    def record(self, rows: int, accepted: int, request_steps: int | None = None) -> None:
-        if request_steps is not None and request_steps < self.mature_steps:
-            return
-        rows, accepted = min(rows, self.max_nodes), min(accepted, rows, self.max_nodes)
-        self._steps = self.decay * self._steps + 1.0
-        self._exist *= self.decay
-        self._hit *= self.decay
-        self._exist[:rows] += 1.0
-        self._hit[:accepted] += 1.0
+    def rates(self, classes) -> np.ndarray:
+        """p of each class (acceptance given the rows before were accepted)."""
+        idx = np.asarray(classes, dtype=np.int64)
+        return self._hit[idx] / self._seen[idx]
 
-    def expected(self) -> tuple[np.ndarray, np.ndarray]:
-        """(accepted tokens, rows) per request-step for each cap L = 0..max_nodes."""
-        zero = np.zeros(1)
-        tokens = np.concatenate([zero, np.cumsum(self._hit) / self._steps])
-        rows = np.concatenate([zero, np.cumsum(self._exist) / self._steps])
-        return tokens, rows
+    def predicted(self, classes) -> np.ndarray:
+        """P_k for a chain whose rows have these classes."""
+        return np.cumprod(self.rates(classes))
 
-    @property
-    def full_gain(self) -> float:
-        """Accepted tokens per request-step with the whole budget (reported)."""
-        return float(self.expected()[0][-1])
+    def record(self, classes, accepted: int) -> None:
+        """One verified chain: its first `accepted` rows were accepted; the row after them
+        (if any) was reached and rejected; rows past it say nothing."""
+        for k, cls in enumerate(list(classes)[: accepted + 1]):
+            self._hit[cls] = self.decay * self._hit[cls] + float(k < accepted)
+            self._seen[cls] = self.decay * self._seen[cls] + 1.0
+
+
+@dataclass
+class ChainUsage:
+    """Running means over drafting request-steps of chains (those that ran no rows
+    included): accepted tokens, the share that ran rows, rows. They predict the batch's
+    tokens per second, the yardstick a row's or a chain's price is measured against."""
+
+    decay: float = 0.99
+    accepted: float = 1.0   # priors: about what a first chain of a request achieves
+    drafted: float = 1.0
+    rows: float = 4.0
+
+    def record(self, rows: int, accepted: int) -> None:
+        d = self.decay
+        self.accepted = d * self.accepted + (1 - d) * accepted
+        self.drafted = d * self.drafted + (1 - d) * float(rows > 0)
+        self.rows = d * self.rows + (1 - d) * rows
 
 
 @dataclass
@@ -219,7 +238,7 @@ class BudgetPolicy:
     max_nodes: int
     chain: bool = False   # requests draft chains (config draft_shape 1), not trees
     cost: StepCostModel = field(default_factory=StepCostModel)
-    gain: GainModel | ChainGainModel = field(init=False)
+    gain: GainModel = field(init=False)   # trees only
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
     # models miss (young requests accept less than G; rows of several trees cost more than
     # the line says). With 1% it drafted at 0.88-0.95x plain with 4 requests at once, where
@@ -235,31 +254,31 @@ class BudgetPolicy:
     _choices: int = 0
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
+    # Chains only: what one row and one chain cost this step, in tokens (set by choose()).
+    row_price: float = 0.0
+    chain_price: float = 0.0
+    rows_model: RowAcceptanceModel = field(
+        default_factory=lambda: RowAcceptanceModel(NUM_CLASSES))
+    usage: ChainUsage = field(default_factory=ChainUsage)
 
     def __post_init__(self) -> None:
-        if self.chain:
-            self.gain = ChainGainModel(self.max_nodes)
-            self.sizes = np.arange(self.max_nodes + 1)   # a chain may stop at any row
-        else:
-            self.gain = GainModel(self.max_nodes)
-            self.sizes = np.array(budget_sizes(self.max_nodes))
+        self.gain = GainModel(self.max_nodes)
+        self.sizes = np.array(budget_sizes(self.max_nodes))
 
     def choose(self, num_requests: int, num_drafting: int) -> int:
-        """Rows per drafting request (0..max_nodes) maximising expected tokens per second."""
+        """Rows per drafting request (0..max_nodes) maximising expected tokens per second.
+        With chains: max_nodes, and the prices `chain_length` cuts each chain by."""
         if num_drafting <= 0 or self.max_nodes <= 0:
             return 0
+        if self.chain:
+            self._set_chain_prices(num_requests, num_drafting)
+            return self.max_nodes
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
         n = self.sizes
         a, b, c = self.cost.coefficients()
-        if isinstance(self.gain, ChainGainModel):
-            # Chains attend through the backend's causal kernel: no per-tree price c.
-            gained, rows = self.gain.expected()
-            tokens = num_requests + num_drafting * gained
-            seconds = a + b * (num_requests + num_drafting * rows)
-        else:
-            tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-            seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
+        tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
+        seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
         rate = tokens / np.maximum(seconds, 1e-9)
         best = int(n[int(np.argmax(rate))])
         if rate.max() <= self.min_improvement * rate[0]:
@@ -273,3 +292,38 @@ class BudgetPolicy:
             # steps without trees to place its slope and its jump.
             return 0 if self._choices % (4 * every) == 0 else best // 2
         return best
+
+    # -- chains ------------------------------------------------------------------------
+    def _set_chain_prices(self, num_requests: int, num_drafting: int) -> None:
+        """A row is worth keeping when its predicted acceptance beats what its step time
+        would commit elsewhere: b * rate tokens, rate the batch's expected tokens per second
+        at its usual chains (ChainUsage); a chain must also pay c * rate, the fixed price of
+        a drafting request (verification, sampler and drafting glue: ~1.8 ms, 13% of a
+        plain step, on the AVX-512 CPU, against ~0.4 ms a row). Both carry the policy's
+        margin. Before the cost model has samples every row is kept."""
+        if self.cost.samples < self.warmup_samples:
+            self.row_price = self.chain_price = 0.0
+            return
+        a, b, c = self.cost.coefficients()
+        u = self.usage
+        seconds = a + c * num_drafting * u.drafted + b * (num_requests + num_drafting * u.rows)
+        rate = (num_requests + num_drafting * u.accepted) / max(seconds, 1e-9)
+        self.row_price = self.min_improvement * b * rate
+        self.chain_price = self.min_improvement * c * rate
+
+    def chain_length(self, classes) -> int:
+        """How many leading rows of a chain with these evidence classes to run: those whose
+        predicted acceptance exceeds the row price, or none when together they do not also
+        pay the chain's price."""
+        if not len(classes):
+            return 0
+        surplus = self.rows_model.predicted(classes) - self.row_price
+        keep = int(np.argmin(surplus > 0)) if (surplus <= 0).any() else len(surplus)
+        return keep if surplus[:keep].sum() > self.chain_price else 0
+
+    def record_chain(self, classes, rows: int, accepted: int) -> None:
+        """A chain that ran `rows` rows (the first `rows` of `classes`) and accepted
+        `accepted`; rows 0 for a step whose chain was cut or empty."""
+        self.usage.record(rows, accepted)
+        if rows:
+            self.rows_model.record(list(classes)[:rows], accepted)

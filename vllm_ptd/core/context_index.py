@@ -10,9 +10,10 @@ merged with the pool's candidates by `core.candidates`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 TrieDict = dict  # {token: TrieDict}, children in priority order
+SEPARATOR = -1   # between the texts of one index (see `extend`)
 
 
 class ContextIndex:
@@ -32,16 +33,22 @@ class ContextIndex:
         self.max_positions = max_positions
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._segment_start = 0   # first position after the last separator
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
+        """Append tokens; a negative token is a separator (`SEPARATOR`) that no n-gram or
+        continuation crosses."""
         toks = self.tokens
         for tok in tokens:
             toks.append(int(tok))
             end = len(toks) - 1
-            for n in range(1, min(self.max_n, len(toks)) + 1):
+            if tok < 0:
+                self._segment_start = end + 1
+                continue
+            for n in range(1, min(self.max_n, end - self._segment_start + 1) + 1):
                 ends = self._ends.setdefault(tuple(toks[end - n + 1:]), [])
                 ends.append(end)
                 if len(ends) > self.max_positions:
@@ -54,24 +61,52 @@ class ContextIndex:
         of its most recent occurrences, each continued by up to `max_depth` tokens. Children
         are ordered by how many occurrences pass through them, most recent first on ties.
         """
+        return _by_count(self._match(max_depth, max_matches)[1])
+
+    def best_path(self, max_depth: int, max_matches: int, query: Sequence[int] | None = None
+                  ) -> tuple[int, list[int], list[int]]:
+        """The first path of `continuations` (the most frequent child at each level, the
+        most recent on ties) with its evidence: (n, tokens, counts), n the length of the
+        matched n-gram (0: no match) and counts[i] how many of the occurrences used agree
+        with tokens[:i + 1]. query: look up the end of this token sequence instead of the
+        index's own history (another request's, for a shared index)."""
+        n, counts = self._match(max_depth, max_matches, query)
+        tokens: list[int] = []
+        agree: list[int] = []
+        while counts:
+            tok, (count, counts) = max(counts.items(), key=lambda kv: kv[1][0])
+            tokens.append(tok)
+            agree.append(count)
+        return n, tokens, agree
+
+    def _match(self, max_depth: int, max_matches: int, query: Sequence[int] | None = None
+               ) -> tuple[int, dict]:
+        """(n, {token: [count, children]}) for the longest matching n-gram; (0, {}) if none.
+        Children are in first-seen order, the most recent occurrence first."""
         toks = self.tokens
         last = len(toks) - 1
-        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
-            ends = [e for e in self._ends.get(tuple(toks[last - n + 1:]), ()) if e < last]
+        if query is None:
+            query, before = toks, last     # an occurrence must end before the history does
+        else:
+            before = last + 1
+        for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
+            ends = [e for e in self._ends.get(tuple(query[len(query) - n:]), ()) if e < before]
             if ends:
                 break
         else:
-            return {}
+            return 0, {}
         counts: dict = {}
         for end in reversed(ends[-max_matches:]):  # most recent first
             node = counts
             for tok in toks[end + 1: min(end + 1 + max_depth, last + 1)]:
+                if tok < 0:
+                    break
                 entry = node.get(tok)
                 if entry is None:
                     entry = node[tok] = [0, {}]
                 entry[0] += 1
                 node = entry[1]
-        return _by_count(counts)
+        return n, counts
 
 
 def _by_count(counts: dict) -> TrieDict:

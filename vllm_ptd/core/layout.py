@@ -93,17 +93,6 @@ def split_budget(num_c: int, num_t: int, budget: int, c_cap: int) -> tuple[int, 
     return nc, nt
 
 
-def first_path(rows: tuple[list[int], list[int], list[int]]
-               ) -> tuple[list[int], list[int], list[int]]:
-    """The leading chain of DFS rows (tokens, parents, depths) whose parents are 0, 1, 2, ...
-    (layout row k's parent is row k - 1): the first child's first child and so on."""
-    k = 0
-    parents = rows[1]
-    while k < len(parents) and parents[k] == k:
-        k += 1
-    return rows[0][:k], rows[1][:k], rows[2][:k]
-
-
 def flatten_draft_tree(
     roots: list[Node], offset: int, limit: int
 ) -> tuple[list[int], list[int], list[int], list[Node]]:

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from vllm_ptd.config import PTDConfig
+from vllm_ptd.config import CHAIN, PTDConfig
 from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
+from vllm_ptd.core.chain import chain_rows
 from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.layout import (
     TreeLayout,
-    first_path,
     flatten_draft_tree,
     make_layout,
     split_budget,
 )
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.pool import DraftPool
+from vllm_ptd.core.shared_outputs import SharedOutputs
 from vllm_ptd.core.tree import DraftTree, Node
 from vllm_ptd.core.verify import VerifyResult
 
@@ -38,9 +39,6 @@ def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-CHAIN = 1  # config.draft_shape: C's first path only
-
-
 class PTDRequestState:
     """Drafting state of one request.
 
@@ -50,6 +48,7 @@ class PTDRequestState:
         stop_token_ids: the tokenizer's EOS and the request's stop ids; never drafted in T.
         seed: optional per-request seed mixed in after `config.seed` (e.g. the request's
             sampling seed); None uses `config.seed` alone.
+        shared: other requests' finished outputs (chains draft from them too), or None.
     """
 
     def __init__(
@@ -58,8 +57,11 @@ class PTDRequestState:
         prompt_token_ids: Sequence[int],
         stop_token_ids: frozenset[int],
         seed: int | None = None,
+        shared: SharedOutputs | None = None,
     ):
         self.config = config
+        self.shared = shared
+        self.prompt_len = len(prompt_token_ids)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.tree = DraftTree(config.width, config.depth, config.num_roots, self.stop_token_ids)
         self.pool = DraftPool(config.pool_cap)
@@ -76,43 +78,41 @@ class PTDRequestState:
         self._t_nodes: list[Node] = []
         self._proposed_len = 0
         self._proposed_nc = 0
+        # Evidence classes of the last chain proposed (core/chain.py), before any cut.
+        self.chain_classes: list[int] = []
 
     def propose(self, x: int, budget: int | None = None,
                 committed: Sequence[int] | None = None,
-                candidate_cap: int | None = None) -> TreeLayout:
+                candidate_cap: int | None = None,
+                chain_length: Callable[[list[int]], int] | None = None) -> TreeLayout:
         """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
         draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
         in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
-        result is a valid tree for any budget. With `draft_shape` chain: [x; first path of
-        C], at most `budget` rows besides x, and no T.
+        result is a valid tree for any budget. With `draft_shape` chain: [x; chain], the
+        chain of core/chain.py, at most `budget` rows besides x and no T.
 
         committed: the tokens committed since the last call, ending with x (default [x]);
         they extend the context index.
         candidate_cap: C's cap for this call (default config.max_candidate_nodes); a smaller
         budget shrinks it in proportion, so that T keeps its share (see core/budget.py).
+        chain_length: chains only; given the chain's evidence classes, how many leading
+        rows to run (default: all).
         """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
-        c_rows = ([], [], [])
         if self.context is not None:
             self.context.extend([x] if committed is None else committed)
             if self.context.tokens[-1] != x:
                 raise ValueError(f"context history ends with {self.context.tokens[-1]}, not x={x}")
+        if cfg.draft_shape == CHAIN:
+            return self._propose_chain(x, budget, chain_length)
+        c_rows = ([], [], [])
+        if self.context is not None:
             found = self.context.continuations(cfg.context_depth, cfg.context_matches)
             if found:
                 trie = self.pool.tries.get(x)
                 merged = merge_with_pool(found, {} if trie is None else trie.root)
                 c_rows = flatten_trie(merged, budget)
-        if cfg.draft_shape == CHAIN:
-            # C's first path only, no T: context match first, else the pool's freshest.
-            if not c_rows[0]:
-                c_rows = self.pool.flatten(x, budget)
-            c_rows = first_path(c_rows)   # both sources already stop at `budget` rows
-            layout = make_layout(x, c_rows, ([], [], []))
-            self._t_nodes = []
-            self._proposed_len = len(layout)
-            self._proposed_nc = layout.num_candidates
-            return layout
         num_c = len(c_rows[0]) if c_rows[0] else self.pool.size(x)
         cap = cfg.max_candidate_nodes if candidate_cap is None else candidate_cap
         nc, nt = split_budget(num_c, self.tree.num_nodes(), budget, cap)
@@ -121,8 +121,23 @@ class PTDRequestState:
         else:
             c_rows = self.pool.flatten(x, nc)
         tt, tp, td, nodes = flatten_draft_tree(self.tree.roots, offset=nc + 1, limit=nt)
-        layout = make_layout(x, c_rows, (tt, tp, td))
-        self._t_nodes = nodes
+        return self._proposed(make_layout(x, c_rows, (tt, tp, td)), nodes)
+
+    def _propose_chain(self, x: int, budget: int,
+                       chain_length: Callable[[list[int]], int] | None) -> TreeLayout:
+        cfg = self.config
+        trie = self.pool.tries.get(x)
+        tokens, self.chain_classes = chain_rows(
+            self.context, None if trie is None else trie.root, budget,
+            cfg.context_depth, cfg.context_matches, self.shared)
+        keep = len(tokens) if chain_length is None else min(chain_length(self.chain_classes),
+                                                            len(tokens))
+        rows = (tokens[:keep], list(range(keep)), list(range(1, keep + 1)))
+        return self._proposed(make_layout(x, rows, ([], [], [])), [])
+
+    def _proposed(self, layout: TreeLayout, t_nodes: list[Node]) -> TreeLayout:
+        """Remember what observe() needs to map the verified rows back."""
+        self._t_nodes = t_nodes
         self._proposed_len = len(layout)
         self._proposed_nc = layout.num_candidates
         return layout
@@ -147,7 +162,30 @@ class PTDRequestState:
                 node.draft = d
                 node.dirty = True
         bonus = result.bonus
+        if self.config.draft_shape != CHAIN:   # chains never carry T: it needs no upkeep
+            self._update_draft_tree(bonus)
 
+        # Verification feedback: x and every C row get the target's argmax as a child; each
+        # enriched node is merged under its own token.
+        if layout.num_candidates > 0:
+            toks = layout.tokens[: layout.num_candidates + 1].tolist()
+            pars = layout.parents[: layout.num_candidates + 1].tolist()
+            c_nodes = [Node(t, draft=a) for t, a in zip(toks, am)]
+            for i in range(1, len(c_nodes)):
+                c_nodes[pars[i]].children.append(c_nodes[i])
+            for node in c_nodes:
+                self.pool.insert(node)
+        else:
+            self.pool.insert(Node(int(layout.tokens[0]), draft=am[0]))
+
+        self.stats.record(
+            layout.num_candidates, layout.num_draft, len(result.accepted), len(result.tokens)
+        )
+        self._t_nodes = []
+        self._proposed_len = 0
+
+    def _update_draft_tree(self, bonus: int) -> None:
+        """T snapshots into the pool, then T grows by one level under the bonus token."""
         # T snapshots, only of subtrees whose content changed since the pool last saw them
         # (re-merging an unchanged subtree adds nothing). Reverse DFS order visits children
         # before parents, so one pass marks every node with a changed descendant.
@@ -171,23 +209,16 @@ class PTDRequestState:
                 self.pool.insert(node)
         for node in changed:
             node.dirty = False
-
-        # Verification feedback: x and every C row get the target's argmax as a child; each
-        # enriched node is merged under its own token.
-        if layout.num_candidates > 0:
-            toks = layout.tokens[: layout.num_candidates + 1].tolist()
-            pars = layout.parents[: layout.num_candidates + 1].tolist()
-            c_nodes = [Node(t, draft=a) for t, a in zip(toks, am)]
-            for i in range(1, len(c_nodes)):
-                c_nodes[pars[i]].children.append(c_nodes[i])
-            for node in c_nodes:
-                self.pool.insert(node)
-        else:
-            self.pool.insert(Node(int(layout.tokens[0]), draft=am[0]))
-
         self.tree.grow(bonus)
-        self.stats.record(
-            layout.num_candidates, layout.num_draft, len(result.accepted), len(result.tokens)
-        )
-        self._t_nodes = []
-        self._proposed_len = 0
+
+    def output_tokens(self) -> list[int]:
+        """The tokens generated so far (known through the context index; [] without it)."""
+        return [] if self.context is None else self.context.tokens[self.prompt_len:]
+
+    def observe_undrafted(self, x: int, committed: Sequence[int]) -> None:
+        """A step that ran x alone (nothing proposed) and committed `committed`: counted as
+        a step of one token per token, and x -> its successor goes into the pool as
+        verification feedback would (with greedy decoding that is the target's argmax)."""
+        if committed:
+            self.pool.insert(Node(int(x), draft=int(committed[0])))
+        self.stats.record(0, 0, 0, len(committed))

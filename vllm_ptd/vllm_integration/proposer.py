@@ -18,7 +18,10 @@ from vllm.logger import init_logger
 from vllm_ptd.core.budget import BudgetPolicy
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
-from vllm_ptd.core.request_state import CHAIN, PTDRequestState
+from vllm_ptd.config import CHAIN
+from vllm_ptd.core.chain import rows_from_shared
+from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.shared_outputs import SharedOutputs
 from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
@@ -51,6 +54,10 @@ class PTDProposer:
         self.states: dict[str, PTDRequestState] = {}
         self.pending: dict[str, TreeLayout] = {}   # proposed, not yet verified
         self.records: dict[str, StepRecord] = {}   # verified this step, not yet observed
+        # Requests whose last proposal was empty: x then, and whether the step's budget was
+        # above zero (the sources had nothing). Their next step commits one token without
+        # drafts; it still counts as a PTD step (DE is tokens per step over every step).
+        self.undrafted: dict[str, tuple[int, bool]] = {}
         self.stats = PTDStats()
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.masked_blocks = 0  # request-steps that needed tree attention (not chains)
@@ -73,6 +80,13 @@ class PTDProposer:
         parallel = vllm_config.parallel_config
         self.parallel = (parallel.tensor_parallel_size > 1
                          or parallel.pipeline_parallel_size > 1)
+        # Finished requests' outputs, drafted from by the chains of others (core/shared_outputs).
+        cfg = self.config
+        self.shared: SharedOutputs | None = None
+        if cfg.draft_shape == CHAIN and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
+            self.shared = SharedOutputs(cfg.shared_outputs, cfg.context_ngram,
+                                        cfg.context_min_ngram)
+        self.shared_rows = 0   # chain rows drafted from other requests' outputs
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
             self.policy = BudgetPolicy(self.config.max_nodes,
@@ -80,7 +94,7 @@ class PTDProposer:
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
         self.budget_sum = 0                        # step_budget summed over drafting steps
         self.budget_steps = 0
-        # (start, tokens or -1 with prefill, requests with tree rows) of the last step
+        # (start, tokens or -1 with prefill, requests with draft rows) of the last step
         self._step_mark: tuple[float, int, int] | None = None
 
     def load_model(self, target_model) -> None:
@@ -88,12 +102,16 @@ class PTDProposer:
         runner calls this unconditionally)."""
 
     # -- lifecycle ---------------------------------------------------------------------
-    def forget(self, req_id: str) -> None:
-        """Drop everything held for a request (finished, aborted, preempted or resumed)."""
+    def forget(self, req_id: str, finished: bool = False) -> None:
+        """Drop everything held for a request (finished, aborted, preempted or resumed); a
+        finished one's output joins the shared outputs first."""
         self.blockers.pop(req_id, None)
-        self.states.pop(req_id, None)
+        state = self.states.pop(req_id, None)
+        if finished and state is not None and self.shared is not None:
+            self.shared.add(state.output_tokens())
         self.pending.pop(req_id, None)
         self.records.pop(req_id, None)
+        self.undrafted.pop(req_id, None)
         self.kv_mirrors.release(req_id)
 
     def fall_back(self, req_id: str, stage: str) -> None:
@@ -111,14 +129,14 @@ class PTDProposer:
             self.injected_faults[stage] = left - 1
             raise RuntimeError(f"injected PTD fault ({stage})")
 
-    def step_started(self, num_tokens: int, has_prefill: bool, trees: int) -> None:
-        """Called as each forward step is prepared (`trees`: requests with tree rows): the
-        interval since the previous step's start is that step's period, a sample of the cost
-        model unless that step carried prompt tokens (cheaper per token than tree rows; see
-        core/budget.py)."""
+    def step_started(self, num_tokens: int, has_prefill: bool, drafting: int) -> None:
+        """Called as each forward step is prepared (`drafting`: requests with draft rows):
+        the interval since the previous step's start is that step's period, a sample of the
+        cost model unless that step carried prompt tokens (cheaper per token than draft
+        rows; see core/budget.py)."""
         now = time.perf_counter()
         mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens,
-                                                  trees)
+                                                  drafting)
         if self.policy is None or mark is None or mark[1] < 0:
             return
         seconds = now - mark[0]
@@ -127,7 +145,7 @@ class PTDProposer:
 
     def num_live_states(self) -> int:
         return (len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
-                + len(self.kv_mirrors))
+                + len(self.undrafted) + len(self.kv_mirrors))
 
     def snapshot(self) -> dict:
         """Counters for tests, benchmarks and logs."""
@@ -136,6 +154,8 @@ class PTDProposer:
         last = max((k for k, v in enumerate(depth) if v), default=-1)
         out = {**self.stats.summary(), "live_states": self.num_live_states(),
                "kv_moves": self.kv_moves, "masked_blocks": self.masked_blocks,
+               "shared_rows": self.shared_rows,
+               "shared_outputs": 0 if self.shared is None else self.shared.num_outputs,
                "fallbacks": self.fallbacks,
                "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
                "accepted_by_depth": depth[: last + 1],
@@ -144,7 +164,12 @@ class PTDProposer:
         if self.policy is not None:
             a, b, c = self.policy.cost.coefficients()
             out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b, "c_tree": 1e3 * c}
-            out["full_budget_gain"] = self.policy.gain.full_gain
+            if self.policy.chain:
+                out["chain_prices"] = {"row": self.policy.row_price,
+                                       "chain": self.policy.chain_price}
+                out["accepted_per_chain"] = self.policy.usage.accepted
+            else:
+                out["full_budget_gain"] = self.policy.gain.full_gain
         return out
 
     def blocker(self, req_id: str, params) -> str | None:
@@ -164,7 +189,7 @@ class PTDProposer:
         if state is None:
             stop = set(req_state.sampling_params.all_stop_token_ids or ())
             state = PTDRequestState(self.config, list(req_state.prompt_token_ids or []),
-                                    frozenset(stop))
+                                    frozenset(stop), shared=self.shared)
             self.states[req_id] = state
         return state
 
@@ -211,6 +236,15 @@ class PTDProposer:
             self.budget_steps += 1
         return budget
 
+    def _learn(self, state: PTDRequestState, rows: int, accepted: int) -> None:
+        """Feed one verified request-step (rows besides x, drafts accepted) to the policy."""
+        if self.policy is None:
+            return
+        if self.policy.chain:
+            self.policy.record_chain(state.chain_classes, rows, accepted)
+        else:
+            self.policy.gain.record(rows, accepted, state.stats.steps)
+
     def _maybe_log(self) -> None:
         """One interval line with the paper's metrics, next to vLLM's own stats lines."""
         now = time.monotonic()
@@ -237,17 +271,24 @@ class PTDProposer:
             layout, result = record.layout, record.result
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
-            if self.policy is not None:
-                self.policy.gain.record(len(layout) - 1, len(result.accepted),
-                                        state.stats.steps)
+            self._learn(state, len(layout) - 1, len(result.accepted))
             for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
                 self.accepted_by_depth[k] += 1
+        elif req_id in self.undrafted:
+            x, sources_empty = self.undrafted.pop(req_id)
+            state.observe_undrafted(x, sampled)
+            self.stats.record(0, 0, 0, len(sampled))
+            if sources_empty:
+                # Nothing to draft at a budget above zero (no source, or a chain cut to
+                # nothing): a step of 0 rows. A step the policy gave no budget says nothing.
+                self._learn(state, 0, 0)
         self.pending.pop(req_id, None)
         if self.blocker(req_id, req_state.sampling_params) is not None:
             return []
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
         budget = min(self.step_budget, self.max_model_len - num_tokens)
         if budget <= 0:
+            self.undrafted[req_id] = (sampled[-1], False)
             return []
         # The context index catches up from the runner's own token row, which also covers
         # a resumed request and steps verified outside PTD.
@@ -256,8 +297,13 @@ class PTDProposer:
         # rows feed the pool that C draws from).
         cap = -(-budget * self.config.max_candidate_nodes // max(self.config.max_nodes, 1))
         layout = state.propose(sampled[-1], budget, committed=history[known:].tolist(),
-                               candidate_cap=cap)
+                               candidate_cap=cap,
+                               chain_length=None if self.policy is None
+                               else self.policy.chain_length)
         if len(layout) <= 1:
+            self.undrafted[req_id] = (sampled[-1], True)
             return []
+        if self.shared is not None:
+            self.shared_rows += rows_from_shared(state.chain_classes[: len(layout) - 1])
         self.pending[req_id] = layout
         return layout.tokens[1:].tolist()

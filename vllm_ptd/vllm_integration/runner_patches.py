@@ -72,10 +72,12 @@ def make_update_states(original):
     def _update_states(self, scheduler_output):
         drafter = ptd_drafter(self)
         if drafter is not None:
-            gone = set(scheduler_output.finished_req_ids)
-            gone |= set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+            finished = set(scheduler_output.finished_req_ids)
+            gone = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
             gone |= set(scheduler_output.scheduled_cached_reqs.resumed_req_ids or ())
-            for req_id in gone:
+            for req_id in finished:
+                drafter.forget(req_id, finished=True)
+            for req_id in gone - finished:
                 drafter.forget(req_id)
         return original(self, scheduler_output)
 
@@ -105,8 +107,7 @@ def make_prepare_inputs(original):
             spec = scheduler_output.scheduled_spec_decode_tokens
             decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
             drafter.step_started(total, has_prefill=total > decode,
-                                 trees=sum(1 for req_id, drafts in spec.items()
-                                           if drafts and not _is_chain(drafter, req_id)))
+                                 drafting=sum(1 for drafts in spec.values() if drafts))
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
@@ -155,12 +156,6 @@ def make_prepare_inputs(original):
         return result
 
     return _prepare_inputs
-
-
-def _is_chain(drafter, req_id: str) -> bool:
-    """The request's pending layout is a chain (no tree attention needed; see TreeLayout)."""
-    layout = drafter.pending.get(req_id)
-    return layout is not None and layout.is_chain
 
 
 def _tree_metadata(blocks: list[TreeBlock], device: torch.device,

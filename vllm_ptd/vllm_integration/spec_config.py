@@ -59,7 +59,8 @@ def split_speculative_dict(spec: dict[str, Any],
 # per step, 7% of a plain step on an AVX-512 CPU), a chain attends through vLLM's own causal
 # kernel; C's first path also carried most of the accepted tokens (GSM8K first turns, tokens
 # per step: 2.50 for chains of up to 8 against 2.09 for 15-node trees; README "Chains").
-CPU_BUDGET_DEFAULTS = {"max_nodes": 15, "max_candidate_nodes": 10, "draft_shape": 1}
+CPU_BUDGET_DEFAULTS = {"max_nodes": 15, "max_candidate_nodes": 10, "draft_shape": 1,
+                       "context_min_ngram": 1, "context_depth": 16}
 
 
 def platform_budget_defaults() -> dict[str, int]:

@@ -1,0 +1,80 @@
+"""The chain of one step (config draft_shape 1) and the evidence behind each of its rows.
+
+A chain is C's first path: the most frequent continuation of the longest n-gram match, in
+the request's own context or (when they match a longer n-gram) in other requests' finished
+outputs (core/shared_outputs.py), followed as far as the pool agrees with it, then the
+pool's freshest branch; with no match, the pool's freshest branch from x. Each row gets an
+evidence class, the key under which `core.budget.RowAcceptanceModel` learns how often such a
+row is accepted once the rows before it were: where it came from (pool only, or a match in
+the own context or the shared outputs, how many of the matched occurrences agree with it,
+whether the pool has it too), the length of the matched n-gram, and its depth. Suffix-style drafters weigh rows the same way (by the frequencies
+in their suffix tree); PTD learns the weights from its own verifications instead.
+"""
+
+from __future__ import annotations
+
+from vllm_ptd.core.context_index import ContextIndex
+from vllm_ptd.core.shared_outputs import SharedOutputs
+
+# Sources, the first digit of a class: the pool alone (after a match's path ended, or no
+# match), or a match in the request's own context or in other requests' outputs, agreed by
+# one or by several of the occurrences used, with or without the pool having the same path.
+POOL = 0
+CONTEXT, SHARED = 1, 5   # + 2 * (several occurrences agree) + (the pool agrees)
+NUM_SOURCES = 9
+NGRAM_BUCKETS = (0, 1, 2, 3, 3)   # matched n-gram length -> bucket; 5 and longer: 4
+NUM_NGRAM_BUCKETS = 5
+MAX_DEPTH_BUCKET = 4     # rows 4 deep or deeper share a class
+NUM_CLASSES = NUM_SOURCES * NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
+
+
+def match_source(origin: int, agree: int, in_pool: bool) -> int:
+    """The source of a matched row: origin CONTEXT or SHARED, `agree` occurrences."""
+    return origin + 2 * int(agree > 1) + int(in_pool)
+
+
+def rows_from_shared(classes) -> int:
+    """How many rows with these classes were drafted from other requests' outputs."""
+    per_source = NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
+    return sum(1 for cls in classes if cls // per_source >= SHARED)
+
+
+def row_class(source: int, ngram: int, depth: int) -> int:
+    """Evidence class of a chain row (0 <= class < NUM_CLASSES)."""
+    bucket = 0 if source == POOL else (
+        NGRAM_BUCKETS[ngram] if ngram < len(NGRAM_BUCKETS) else NUM_NGRAM_BUCKETS - 1)
+    return ((source * NUM_NGRAM_BUCKETS + bucket) * MAX_DEPTH_BUCKET
+            + min(depth, MAX_DEPTH_BUCKET) - 1)
+
+
+def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
+               context_depth: int, context_matches: int,
+               shared: SharedOutputs | None = None) -> tuple[list[int], list[int]]:
+    """(tokens, classes) of the step's chain after x, at most `limit` rows.
+
+    context: the request's context index, its history ending with x (None: no context
+    retrieval). pool_root: the pool's trie for x (`{token: children}`, oldest first).
+    shared: other requests' outputs, used when they match a longer n-gram than the
+    request's own context (needs `context` for the history).
+    """
+    tokens: list[int] = []
+    classes: list[int] = []
+    node = pool_root or None
+    if context is not None and limit > 0:
+        origin = CONTEXT
+        ngram, path, agree = context.best_path(context_depth, context_matches)
+        if shared is not None:
+            found = shared.best_path(context.tokens, context_depth, context_matches)
+            if found[0] > ngram and found[1]:
+                origin, (ngram, path, agree) = SHARED, found
+        for tok, count in zip(path[:limit], agree):
+            in_pool = node is not None and tok in node
+            node = node[tok] if in_pool else None
+            tokens.append(tok)
+            classes.append(row_class(match_source(origin, count, in_pool), ngram, len(tokens)))
+    while node and len(tokens) < limit:
+        tok = next(reversed(node))   # the freshest branch
+        node = node[tok]
+        tokens.append(tok)
+        classes.append(row_class(POOL, 0, len(tokens)))
+    return tokens, classes
