@@ -321,6 +321,15 @@ class BudgetPolicy:
         keep = int(np.argmin(surplus > 0)) if (surplus <= 0).any() else len(surplus)
         return keep if surplus[:keep].sum() > self.chain_price else 0
 
+    def chain_value(self, classes) -> float:
+        """What a chain with these classes is expected to gain beyond its price (tokens;
+        0 when it is not worth running): the yardstick between two candidate chains."""
+        keep = self.chain_length(classes)
+        if not keep:
+            return 0.0
+        predicted = self.rows_model.predicted(list(classes)[:keep])
+        return float((predicted - self.row_price).sum() - self.chain_price)
+
     def record_chain(self, classes, rows: int, accepted: int) -> None:
         """A chain that ran `rows` rows (the first `rows` of `classes`) and accepted
         `accepted`; rows 0 for a step whose chain was cut or empty."""

@@ -13,6 +13,8 @@ in their suffix tree); PTD learns the weights from its own verifications instead
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.shared_outputs import SharedOutputs
 
@@ -49,29 +51,43 @@ def row_class(source: int, ngram: int, depth: int) -> int:
 
 def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
                context_depth: int, context_matches: int,
-               shared: SharedOutputs | None = None) -> tuple[list[int], list[int]]:
+               shared: SharedOutputs | None = None,
+               value: Callable[[list[int]], float] | None = None
+               ) -> tuple[list[int], list[int]]:
     """(tokens, classes) of the step's chain after x, at most `limit` rows.
 
     context: the request's context index, its history ending with x (None: no context
     retrieval). pool_root: the pool's trie for x (`{token: children}`, oldest first).
-    shared: other requests' outputs, used when they match a longer n-gram than the
-    request's own context (needs `context` for the history).
+    shared: other requests' outputs (needs `context` for the history). When both match,
+    the chain worth more by `value` (a function of the classes; default: the longer
+    matched n-gram, the own context on ties) is drafted.
     """
+    if context is None or limit <= 0:
+        return _follow(None, 0, [], [], pool_root, limit)
+    ngram, path, agree = context.best_path(context_depth, context_matches)
+    own = _follow(CONTEXT, ngram, path, agree, pool_root, limit)
+    if shared is None:
+        return own
+    s_ngram, s_path, s_agree = shared.best_path(context.tokens, context_depth, context_matches)
+    if not s_path:
+        return own
+    other = _follow(SHARED, s_ngram, s_path, s_agree, pool_root, limit)
+    if value is None:
+        return other if s_ngram > ngram else own
+    return other if value(other[1]) > value(own[1]) else own
+
+
+def _follow(origin: int | None, ngram: int, path: list[int], agree: list[int],
+            pool_root: dict | None, limit: int) -> tuple[list[int], list[int]]:
+    """A match's path as far as `limit`, then the pool's freshest continuation."""
     tokens: list[int] = []
     classes: list[int] = []
     node = pool_root or None
-    if context is not None and limit > 0:
-        origin = CONTEXT
-        ngram, path, agree = context.best_path(context_depth, context_matches)
-        if shared is not None:
-            found = shared.best_path(context.tokens, context_depth, context_matches)
-            if found[0] > ngram and found[1]:
-                origin, (ngram, path, agree) = SHARED, found
-        for tok, count in zip(path[:limit], agree):
-            in_pool = node is not None and tok in node
-            node = node[tok] if in_pool else None
-            tokens.append(tok)
-            classes.append(row_class(match_source(origin, count, in_pool), ngram, len(tokens)))
+    for tok, count in zip(path[:limit], agree):
+        in_pool = node is not None and tok in node
+        node = node[tok] if in_pool else None
+        tokens.append(tok)
+        classes.append(row_class(match_source(origin, count, in_pool), ngram, len(tokens)))
     while node and len(tokens) < limit:
         tok = next(reversed(node))   # the freshest branch
         node = node[tok]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +29,14 @@ from vllm_ptd.core.pool import DraftPool
 from vllm_ptd.core.shared_outputs import SharedOutputs
 from vllm_ptd.core.tree import DraftTree, Node
 from vllm_ptd.core.verify import VerifyResult
+
+
+class ChainPolicy(Protocol):
+    """What chain drafting asks of the budget policy (core/budget.py's BudgetPolicy)."""
+
+    def chain_value(self, classes: list[int]) -> float: ...
+
+    def chain_length(self, classes: list[int]) -> int: ...
 
 
 def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
@@ -84,7 +93,7 @@ class PTDRequestState:
     def propose(self, x: int, budget: int | None = None,
                 committed: Sequence[int] | None = None,
                 candidate_cap: int | None = None,
-                chain_length: Callable[[list[int]], int] | None = None) -> TreeLayout:
+                chain_policy: ChainPolicy | None = None) -> TreeLayout:
         """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
         draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
         in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
@@ -95,8 +104,9 @@ class PTDRequestState:
         they extend the context index.
         candidate_cap: C's cap for this call (default config.max_candidate_nodes); a smaller
         budget shrinks it in proportion, so that T keeps its share (see core/budget.py).
-        chain_length: chains only; given the chain's evidence classes, how many leading
-        rows to run (default: all).
+        chain_policy: chains only; picks between candidate chains (`chain_value`) and how
+        many of the chosen chain's leading rows to run (`chain_length`), both from the
+        rows' evidence classes. None: the longer match, all of its rows.
         """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
@@ -105,7 +115,7 @@ class PTDRequestState:
             if self.context.tokens[-1] != x:
                 raise ValueError(f"context history ends with {self.context.tokens[-1]}, not x={x}")
         if cfg.draft_shape == CHAIN:
-            return self._propose_chain(x, budget, chain_length)
+            return self._propose_chain(x, budget, chain_policy)
         c_rows = ([], [], [])
         if self.context is not None:
             found = self.context.continuations(cfg.context_depth, cfg.context_matches)
@@ -123,15 +133,15 @@ class PTDRequestState:
         tt, tp, td, nodes = flatten_draft_tree(self.tree.roots, offset=nc + 1, limit=nt)
         return self._proposed(make_layout(x, c_rows, (tt, tp, td)), nodes)
 
-    def _propose_chain(self, x: int, budget: int,
-                       chain_length: Callable[[list[int]], int] | None) -> TreeLayout:
+    def _propose_chain(self, x: int, budget: int, policy: ChainPolicy | None) -> TreeLayout:
         cfg = self.config
         trie = self.pool.tries.get(x)
         tokens, self.chain_classes = chain_rows(
             self.context, None if trie is None else trie.root, budget,
-            cfg.context_depth, cfg.context_matches, self.shared)
-        keep = len(tokens) if chain_length is None else min(chain_length(self.chain_classes),
-                                                            len(tokens))
+            cfg.context_depth, cfg.context_matches, self.shared,
+            None if policy is None else policy.chain_value)
+        keep = len(tokens) if policy is None else min(policy.chain_length(self.chain_classes),
+                                                      len(tokens))
         rows = (tokens[:keep], list(range(keep)), list(range(1, keep + 1)))
         return self._proposed(make_layout(x, rows, ([], [], [])), [])
 

@@ -298,8 +298,7 @@ class PTDProposer:
         cap = -(-budget * self.config.max_candidate_nodes // max(self.config.max_nodes, 1))
         layout = state.propose(sampled[-1], budget, committed=history[known:].tolist(),
                                candidate_cap=cap,
-                               chain_length=None if self.policy is None
-                               else self.policy.chain_length)
+                               chain_policy=self.policy)
         if len(layout) <= 1:
             self.undrafted[req_id] = (sampled[-1], True)
             return []

@@ -1,0 +1,189 @@
+"""Replay greedy outputs offline to compare chain drafting configs with suffix decoding.
+
+With greedy decoding a draft row is accepted exactly when it equals the output's next token,
+so a drafter's proposals and acceptances on a recorded output need no model: this replays
+PTD's chain drafting (`PTDRequestState` and the chain policy of core/budget.py, its cost
+model fed a fixed step-cost line) and vLLM's suffix drafter (Arctic Inference's cache, the
+settings of `{"method": "suffix"}`) over the same outputs, in seconds. Tokens per step are
+exact for the replayed outputs; tokens/s are modelled with the step-cost line
+(a + b * tokens + c per drafting request), measured on the engine (`--step-ms`).
+
+    python benchmarks/replay_drafting.py --traces /tmp/first_turns.json \
+        --ptd 'default={}' 'no_shared={"shared_outputs":0}'
+
+Without the traces file, the plain engine generates it first (bf16, batch of all prompts of
+a set). What replay cannot show: the argmax at rows after the first rejected one (the
+pool's feedback there is left out), timing noise, and anything batch-dependent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+# Measured on 2 cores of an AMD EPYC Zen 5 (AVX-512, bf16), embedded model: a plain step,
+# each extra token, each drafting request (verification, sampler and drafting glue).
+DEFAULT_STEP_MS = (13.2, 0.4, 1.8)
+
+
+def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
+                    max_tokens: int) -> dict:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import SamplingParams
+
+    from vllm_ptd.datasets import sample_prompts
+    from vllm_ptd.engine_utils import chat_prompts, make_llm
+
+    llm = make_llm(None, dtype="bfloat16", enforce_eager=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    traces = {}
+    for dataset in datasets:
+        texts = chat_prompts(llm, sample_prompts(dataset, offset + prompts)[offset:])
+        outs = llm.generate(texts, params, use_tqdm=False)
+        traces[dataset] = [{"prompt": list(o.prompt_token_ids),
+                            "output": list(o.outputs[0].token_ids)} for o in outs]
+    with open(path, "w") as f:
+        json.dump(traces, f)
+    return traces
+
+
+class StepCost:
+    def __init__(self, a_ms: float, b_ms: float, c_ms: float):
+        self.a, self.b, self.c = a_ms / 1e3, b_ms / 1e3, c_ms / 1e3
+
+    def seconds(self, rows: int) -> float:
+        return self.a + self.b * (1 + rows) + (self.c if rows else 0.0)
+
+
+def _accepted(chain: list[int], output: list[int], pos: int) -> int:
+    k = 0
+    while k < len(chain) and pos + k < len(output) and chain[k] == output[pos + k]:
+        k += 1
+    return k
+
+
+def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
+    """Chains (the CPU defaults, then `overrides`) over every output of one set in turn."""
+    from vllm_ptd.config import PTDConfig
+    from vllm_ptd.core.budget import BudgetPolicy
+    from vllm_ptd.core.request_state import PTDRequestState
+    from vllm_ptd.core.shared_outputs import SharedOutputs
+    from vllm_ptd.core.verify import verify_greedy
+    from vllm_ptd.vllm_integration.spec_config import CPU_BUDGET_DEFAULTS
+
+    cfg = PTDConfig.from_dict({**CPU_BUDGET_DEFAULTS, **overrides})
+    if cfg.draft_shape != 1:
+        raise ValueError("replay covers chains only (draft_shape 1)")
+    policy = BudgetPolicy(cfg.max_nodes, chain=True) if cfg.adaptive_budget else None
+    if policy is not None:
+        for n in range(400):   # the cost model learns the line, as it would online
+            rows = n % 9
+            policy.cost.observe(1 + rows, cost.seconds(rows), drafting=int(rows > 0))
+    shared = (SharedOutputs(cfg.shared_outputs, cfg.context_ngram, cfg.context_min_ngram)
+              if cfg.shared_outputs and cfg.context_ngram else None)
+    tokens = steps = rows_total = 0
+    seconds = 0.0
+    for trace in traces:
+        output = trace["output"]
+        state = PTDRequestState(cfg, trace["prompt"], frozenset(), shared=shared)
+        committed, pos = output[:1], 1   # the first token comes from prefill
+        while pos < len(output):
+            x = committed[-1]
+            if policy is not None:
+                policy.choose(1, 1)
+            layout = state.propose(x, cfg.max_nodes, committed=committed, chain_policy=policy)
+            rows = len(layout) - 1
+            acc = _accepted(layout.tokens[1:].tolist(), output, pos)
+            committed = output[pos:pos + acc + 1]
+            if rows:
+                ran = layout.truncate(acc + 1)   # argmax is known up to the first rejection
+                argmax = np.array(output[pos:pos + acc + 1] + [0] * (acc + 1 - len(committed)),
+                                  dtype=np.int64)
+                state.observe(ran, argmax, verify_greedy(ran, argmax))
+            else:
+                state.observe_undrafted(x, committed)
+            if policy is not None:
+                policy.record_chain(state.chain_classes if rows else (), rows, acc)
+            pos += len(committed)
+            tokens += len(committed)
+            steps += 1
+            rows_total += rows
+            seconds += cost.seconds(rows)
+        if shared is not None:
+            shared.add(state.output_tokens())
+    return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
+
+
+def replay_suffix(traces: list[dict], cost: StepCost, cached: bool = True) -> dict:
+    """vLLM's suffix drafter with `{"method": "suffix"}`'s settings (tree depth 24, at most
+    24 tokens, spec factor 1, min token prob 0.1); cached: earlier responses stay in its
+    global tree (vLLM's default), else each request drafts from its own prompt and output."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+    tokens = steps = rows_total = 0
+    seconds = 0.0
+    for i, trace in enumerate(traces):
+        output, rid = trace["output"], f"r{i}"
+        cache.start_request(rid, np.array(trace["prompt"], dtype=np.int32))
+        history = list(trace["prompt"]) + output[:1]
+        cache.add_active_response(rid, output[:1])
+        pos = 1
+        while pos < len(output):
+            draft = cache.speculate(rid, np.array(history[-24:], dtype=np.int32),
+                                    max_spec_tokens=24, max_spec_factor=1.0,
+                                    min_token_prob=0.1)
+            chain = list(draft.token_ids)
+            committed = output[pos:pos + _accepted(chain, output, pos) + 1]
+            cache.add_active_response(rid, committed)
+            history += committed
+            pos += len(committed)
+            tokens += len(committed)
+            steps += 1
+            rows_total += len(chain)
+            seconds += cost.seconds(len(chain))
+        cache.stop_request(rid)
+        if not cached:
+            cache.evict_cached_response(rid)
+    return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", required=True, help="JSON of greedy outputs (made if absent)")
+    parser.add_argument("--datasets", nargs="+",
+                        default=["mt_bench", "gsm8k", "humaneval", "mbpp"])
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--offset", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ptd", nargs="+", default=["default={}"], metavar="LABEL=JSON")
+    parser.add_argument("--step-ms", type=float, nargs=3, default=DEFAULT_STEP_MS,
+                        metavar=("PLAIN", "PER_TOKEN", "PER_DRAFTING_REQUEST"))
+    args = parser.parse_args()
+
+    if os.path.exists(args.traces):
+        with open(args.traces) as f:
+            traces = json.load(f)
+    else:
+        traces = generate_traces(args.traces, args.datasets, args.prompts, args.offset,
+                                 args.max_tokens)
+    cost = StepCost(*args.step_ms)
+    plain_rate = 1.0 / cost.seconds(0)
+    configs = [(label, json.loads(spec)) for label, _, spec in
+               (item.partition("=") for item in args.ptd)]
+    columns = ["suffix", "suffix, own request only"] + [label for label, _ in configs]
+    print("| set | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for dataset, set_traces in traces.items():
+        results = [replay_suffix(set_traces, cost), replay_suffix(set_traces, cost, False)]
+        results += [replay_ptd(set_traces, overrides, cost) for _, overrides in configs]
+        cells = [f"{r['rate'] / plain_rate:.2f}x (DE {r['DE']:.2f}, {r['rows']:.1f} rows)"
+                 for r in results]
+        print(f"| {dataset} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
