@@ -181,6 +181,9 @@ def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each
     assert tokens == [9, 9]
     assert classes[0] == row_class(match_source(SHARED, 1, False), 3, 1)
     assert rows_from_shared(classes) == 2
+    # with a value (the policy's predicted surplus), the chain worth more wins either way
+    assert chain_rows(idx, pool_root, 8, 2, 4, shared, value=len)[0] == [4, 5, 8]
+    assert chain_rows(idx, pool_root, 8, 2, 4, shared, value=lambda c: -len(c))[0] == [9, 9]
     # ... and not when the own context matches as long an n-gram
     shorter = SharedOutputs(max_tokens=64, max_n=3)
     shorter.add([8, 2, 3, 6])

@@ -57,8 +57,9 @@ def split_speculative_dict(spec: dict[str, Any],
 # batch: dataclass defaults.
 # Chains on CPU (draft_shape 1): a tree step pays for masked attention in every layer (~1 ms
 # per step, 7% of a plain step on an AVX-512 CPU), a chain attends through vLLM's own causal
-# kernel; C's first path also carried most of the accepted tokens (GSM8K first turns, tokens
-# per step: 2.50 for chains of up to 8 against 2.09 for 15-node trees; README "Chains").
+# kernel, and its rows are priced one by one (core/budget.py). With 1-gram matches and 16
+# tokens per occurrence more steps draft; the row prices cut what does not pay (offline
+# replay of greedy first turns, benchmarks/replay_drafting.py; README "Chains").
 CPU_BUDGET_DEFAULTS = {"max_nodes": 15, "max_candidate_nodes": 10, "draft_shape": 1,
                        "context_min_ngram": 1, "context_depth": 16}
 
