@@ -125,6 +125,26 @@ def test_seeded_ptd_sampling_does_not_depend_on_the_batch(engines):
     assert [n for n in want if alone[n] != want[n]] == []
 
 
+def test_seeded_chain_sampling_equals_plain_seeded_sampling_for_every_setting(engines):
+    """Chains (draft_shape 1, the CPU default) go through the same tree-sampling rule: with
+    every setting in one batch, seeded requests give plain decoding's exact tokens."""
+    from vllm_ptd.engine_utils import make_llm
+
+    chain = make_llm(ptd={**PTD, "draft_shape": 1}, max_num_seqs=256, max_model_len=512)
+    try:
+        requests = _seeded_requests(engines["plain"])
+        want = _run(engines["plain"], requests, batch=len(requests))
+        got = _run(chain, requests, batch=len(requests))
+        snap = snapshot(chain)
+        assert [name for name in want if got[name] != want[name]] == []
+        assert snap["tokens"] > snap["steps"]          # chains were accepted
+        assert snap["T_nodes_per_step"] == 0.0 and snap["masked_blocks"] == 0
+        assert snap["fallbacks"] == 0
+    finally:
+        del chain
+        gc.collect()
+
+
 def test_every_sampling_setting_gets_drafts_and_the_rest_get_none(engines):
     """Each supported setting on its own gets drafted steps (whether the model then accepts
     them depends on the setting: penalties push it away from repeating its context). The

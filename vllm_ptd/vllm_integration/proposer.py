@@ -163,7 +163,8 @@ class PTDProposer:
                                else float(self.config.max_nodes))}
         if self.policy is not None:
             a, b, c = self.policy.cost.coefficients()
-            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b, "c_tree": 1e3 * c}
+            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b,
+                                    "c_per_drafting_request": 1e3 * c}
             if self.policy.chain:
                 out["chain_prices"] = {"row": self.policy.row_price,
                                        "chain": self.policy.chain_price}
