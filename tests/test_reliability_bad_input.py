@@ -228,7 +228,7 @@ def test_prompts_at_and_near_max_model_len(ptd_llm, plain_llm, tok):
                     assert len(prompt["prompt_token_ids"]) + len(tokens) == MAX_LEN
     after = snapshot(ptd_llm)
     # PTD drafted right up to the limit, and paths were accepted there
-    assert after["steps"] > before["steps"]
+    assert after["drafted_steps"] > before["drafted_steps"]
     assert after["tokens"] - before["tokens"] > after["steps"] - before["steps"]
     _assert_idle_and_serving(ptd_llm, plain_llm, tok)
 
@@ -424,5 +424,5 @@ def test_a_request_that_crosses_the_drafter_limit_mid_flight(ptd_llm, plain_llm,
         got = [_summary(o) for o in ptd_llm.generate([prompts[i] for i in batch], params,
                                                      use_tqdm=False)]
         assert got == [want[i] for i in batch]
-        assert snapshot(ptd_llm)["steps"] > before["steps"]  # PTD did draft here
+        assert snapshot(ptd_llm)["drafted_steps"] > before["drafted_steps"]  # PTD drafted
     _assert_idle_and_serving(ptd_llm, plain_llm, tok)

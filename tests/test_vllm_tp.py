@@ -86,7 +86,8 @@ def test_ptd_at_tp3_equals_plain_at_tp1_and_every_rank_builds_the_same_trees(
     counters = [{k: v for k, v in s.items() if k != "host_ms_per_step"} for s in snaps]
     assert all(c == counters[0] for c in counters), counters
     snap = snaps[0]
-    assert snap["steps"] == digests[0]["trees"]
+    # every verified draft went through the digest; steps without drafts count in steps too
+    assert snap["drafted_steps"] == digests[0]["trees"] <= snap["steps"]
     assert snap["tokens"] > snap["steps"]  # drafts were accepted: PTD was really in play
     assert live == 0 and snap["fallbacks"] == 0
     print(f"\nTP={TP}: {snap['steps']} trees verified on each rank, DE {snap['DE']:.2f}")

@@ -59,6 +59,7 @@ class PTDProposer:
         # drafts; it still counts as a PTD step (DE is tokens per step over every step).
         self.undrafted: dict[str, tuple[int, bool]] = {}
         self.stats = PTDStats()
+        self.drafted_steps = 0  # request-steps that verified drafts (stats.steps counts all)
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.masked_blocks = 0  # request-steps that needed tree attention (not chains)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
@@ -153,6 +154,7 @@ class PTDProposer:
         depth = self.accepted_by_depth
         last = max((k for k, v in enumerate(depth) if v), default=-1)
         out = {**self.stats.summary(), "live_states": self.num_live_states(),
+               "drafted_steps": self.drafted_steps,
                "kv_moves": self.kv_moves, "masked_blocks": self.masked_blocks,
                "shared_rows": self.shared_rows,
                "shared_outputs": 0 if self.shared is None else self.shared.num_outputs,
@@ -272,6 +274,7 @@ class PTDProposer:
             layout, result = record.layout, record.result
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
+            self.drafted_steps += 1
             self._learn(state, len(layout) - 1, len(result.accepted))
             for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
                 self.accepted_by_depth[k] += 1
