@@ -311,24 +311,23 @@ class BudgetPolicy:
         self.row_price = self.min_improvement * b * rate
         self.chain_price = self.min_improvement * c * rate
 
-    def chain_length(self, classes) -> int:
-        """How many leading rows of a chain with these evidence classes to run: those whose
-        predicted acceptance exceeds the row price, or none when together they do not also
-        pay the chain's price."""
+    def chain_plan(self, classes) -> tuple[int, float]:
+        """(rows, value) for a chain with these evidence classes: how many leading rows to
+        run (those whose predicted acceptance exceeds the row price, or none when together
+        they do not also pay the chain's price) and what they are expected to gain beyond
+        their price (tokens; 0 when not run), the yardstick between candidate chains."""
         if not len(classes):
-            return 0
+            return 0, 0.0
         surplus = self.rows_model.predicted(classes) - self.row_price
         keep = int(np.argmin(surplus > 0)) if (surplus <= 0).any() else len(surplus)
-        return keep if surplus[:keep].sum() > self.chain_price else 0
+        value = float(surplus[:keep].sum()) - self.chain_price
+        return (keep, value) if value > 0 else (0, 0.0)
+
+    def chain_length(self, classes) -> int:
+        return self.chain_plan(classes)[0]
 
     def chain_value(self, classes) -> float:
-        """What a chain with these classes is expected to gain beyond its price (tokens;
-        0 when it is not worth running): the yardstick between two candidate chains."""
-        keep = self.chain_length(classes)
-        if not keep:
-            return 0.0
-        predicted = self.rows_model.predicted(list(classes)[:keep])
-        return float((predicted - self.row_price).sum() - self.chain_price)
+        return self.chain_plan(classes)[1]
 
     def record_chain(self, classes, rows: int, accepted: int) -> None:
         """A chain that ran `rows` rows (the first `rows` of `classes`) and accepted
