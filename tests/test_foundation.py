@@ -1,4 +1,5 @@
-"""The plugin's foundation: version guard, embedded model conversion, CLI, config parsing."""
+"""The plugin's foundation: registration, embedded model conversion, CLI, config parsing
+(the vLLM version guard: test_vllm_compat.py)."""
 
 from __future__ import annotations
 
@@ -9,30 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ptd.version_check import SKIP_ENV, UnsupportedVLLMVersion, check_vllm_version
-
 VLLM_PTD = str(Path(sys.executable).with_name("vllm-ptd"))
-
-
-def test_version_check_accepts_032_patch_releases():
-    check_vllm_version("0.32.0")
-    check_vllm_version("0.32.3+cpu")
-
-
-def test_version_check_refuses_other_versions_naming_both(monkeypatch):
-    monkeypatch.delenv(SKIP_ENV, raising=False)
-    with pytest.raises(UnsupportedVLLMVersion) as err:
-        check_vllm_version("0.33.1")
-    assert "0.33.1" in str(err.value) and "0.32" in str(err.value)
-
-
-def test_version_check_escape_hatch(monkeypatch):
-    monkeypatch.setenv(SKIP_ENV, "1")
-    check_vllm_version("0.31.0")
-
-
-def test_installed_vllm_is_supported():
-    check_vllm_version()
 
 
 def test_plugin_register_is_idempotent():

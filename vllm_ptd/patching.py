@@ -59,6 +59,27 @@ class Patch:
         setattr(holder, self.attr, replacement)
         _APPLIED[self.key] = self
 
+    def revert(self) -> None:
+        """Put vLLM's own attribute back (used when a later patch of the set fails)."""
+        if _APPLIED.get(self.key) is not self:
+            return
+        setattr(self._holder(), self.attr, self.original)
+        del _APPLIED[self.key]
+
 
 def applied_patches() -> list[Patch]:
     return list(_APPLIED.values())
+
+
+def apply_together(patches: list[Patch]) -> None:
+    """Apply every patch or none: on a failure the ones applied so far are reverted."""
+    done: list[Patch] = []
+    try:
+        for patch in patches:
+            if patch.key not in _APPLIED:
+                patch.apply()
+                done.append(patch)
+    except BaseException:
+        for patch in reversed(done):
+            patch.revert()
+        raise

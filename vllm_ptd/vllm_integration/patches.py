@@ -1,14 +1,15 @@
 """Every place vllm-ptd touches vLLM internals, in one list.
 
 Each entry names the vLLM attribute, why it is patched, and the factory that wraps it. The
-whole list is applied once per process by `vllm_ptd.plugin.register()`, after the exact
-version check (vllm_ptd.version_check). Each wrapper is a no-op for engines that do not run
-PTD (it checks for the PTD proposer first), so plain vLLM behaves exactly as before.
+whole list is applied once per process, all or nothing, by `vllm_ptd.plugin.register()`, after
+the guard (`vllm_ptd.version_check`) found every patched function as recorded for the installed
+vLLM release (`vllm_ptd.vllm_fingerprints.WRAPPED` lists the same functions). Each wrapper
+returns straight to vLLM's function for engines that do not run PTD.
 """
 
 from __future__ import annotations
 
-from vllm_ptd.patching import Patch
+from vllm_ptd.patching import Patch, apply_together
 from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"  # CPUModelRunner subclasses GPUModelRunner
@@ -72,7 +73,6 @@ ALL_PATCHES: list[Patch] = [
 CPU_BACKEND_OVERRIDES = {
     "CPU_ATTN": "vllm_ptd.vllm_integration.cpu_tree_attention.CPUTreeAttentionBackend",
 }
-# Not yet run on a GPU (no GPU in the sessions so far): see README status.
 CUDA_BACKEND_OVERRIDES = {
     "TRITON_ATTN": "vllm_ptd.attention.triton_tree_backend.TritonTreeAttentionBackend",
 }
@@ -93,6 +93,10 @@ def _register_backends() -> None:
 
 
 def apply_all() -> None:
-    for patch in ALL_PATCHES:
-        patch.apply()
-    _register_backends()
+    apply_together(ALL_PATCHES)
+    try:
+        _register_backends()
+    except BaseException:
+        for patch in reversed(ALL_PATCHES):
+            patch.revert()
+        raise

@@ -17,6 +17,15 @@ PTD_METHOD = "ptd"
 PROPOSER_CLASS_PATH = "vllm_ptd.vllm_integration.proposer.PTDProposer"
 
 
+# vLLM's verification settings (0.32: standard, synthetic and block rejection sampling; 0.33
+# adds FLy's lossy window): named in the refusal, since a user may expect them to apply.
+VLLM_VERIFICATION_KEYS = frozenset({
+    "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
+    "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k",
+    "enable_adaptive_verification", "draft_sample_method",
+})
+
+
 def split_speculative_dict(spec: dict[str, Any],
                            defaults: dict[str, Any] | None = None) -> PTDConfig:
     """Validate a user's speculative-config dict for PTD; return the PTD config.
@@ -34,6 +43,12 @@ def split_speculative_dict(spec: dict[str, Any],
         name = key.replace("-", "_")
         if name == "method":
             continue
+        if name in VLLM_VERIFICATION_KEYS:
+            raise ValueError(
+                f"speculative-config key {key!r} chooses vLLM's verification, which PTD "
+                "replaces: PTD verifies exactly (greedy output equal to plain decoding, "
+                "sampled output distributed as plain decoding's), with no lossy option"
+            )
         if name not in PTD_CONFIG_KEYS:
             raise ValueError(
                 f"speculative-config key {key!r} is not supported with method 'ptd'; "
@@ -91,6 +106,7 @@ def make_create_speculative_config(original):
             return original(self, target_model_config, target_parallel_config)
         spec = dict(spec or {})
         spec.setdefault("method", PTD_METHOD)
+        _refuse_v2_model_runner()
         self.spec_method = None
         ptd = split_speculative_dict(spec, defaults=platform_budget_defaults())
         self.speculative_config = {
@@ -121,3 +137,13 @@ def _select_tree_attention_backend(engine_args) -> None:
     elif getattr(chosen, "name", str(chosen)) != "TRITON_ATTN":
         raise ValueError(f"method 'ptd' needs the TRITON_ATTN attention backend on CUDA "
                          f"(its tree-attention kernel); got {chosen}")
+
+
+def _refuse_v2_model_runner() -> None:
+    """PTD's patches live in vLLM's V1 model runner; `VLLM_USE_V2_MODEL_RUNNER=1` forces the
+    V2 runner, which would serve the engine without them."""
+    from vllm import envs
+
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        raise ValueError("method 'ptd' runs on vLLM's V1 model runner; unset "
+                         "VLLM_USE_V2_MODEL_RUNNER (or set it to 0)")
