@@ -26,7 +26,7 @@ from vllm_ptd.core.layout import (
 )
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.pool import DraftPool
-from vllm_ptd.core.shared_outputs import SharedOutputs
+from vllm_ptd.core.shared_outputs import SharedOutputs, TenantView
 from vllm_ptd.core.tree import DraftTree, Node
 from vllm_ptd.core.verify import VerifyResult
 
@@ -57,7 +57,8 @@ class PTDRequestState:
         stop_token_ids: the tokenizer's EOS and the request's stop ids; never drafted in T.
         seed: optional per-request seed mixed in after `config.seed` (e.g. the request's
             sampling seed); None uses `config.seed` alone.
-        shared: other requests' finished outputs (chains draft from them too), or None.
+        shared: other requests' finished outputs (chains draft from them too), or None: the
+            view of the request's own tenant (`TenantView`: same `cache_salt`) in engines.
     """
 
     def __init__(
@@ -66,7 +67,7 @@ class PTDRequestState:
         prompt_token_ids: Sequence[int],
         stop_token_ids: frozenset[int],
         seed: int | None = None,
-        shared: SharedOutputs | None = None,
+        shared: SharedOutputs | TenantView | None = None,
     ):
         self.config = config
         self.shared = shared

@@ -12,6 +12,10 @@ Bounded without stalls: outputs go into the newer of two indexes; when it holds 
 `max_tokens`, the older one is dropped and a new one starts (no rebuild, so no step ever
 waits for re-indexing; at most `max_tokens` tokens, ~0.7 KB each, are held). Lookups ask
 the newer index first and fall back to the older one.
+
+Kept apart per tenant (`TenantSharedOutputs`): requests draft only from the outputs of
+requests with the same `cache_salt`, vLLM's per-request isolation key for its prefix cache
+(requests without a salt share with each other); the bounds hold over all tenants together.
 """
 
 from __future__ import annotations
@@ -67,3 +71,88 @@ class SharedOutputs:
                 if found[1] and found[0] > best[0]:
                     best = found
         return best
+
+
+class TenantSharedOutputs:
+    """Shared outputs kept apart per tenant: one `SharedOutputs` per `cache_salt` (vLLM's
+    per-request prefix-cache isolation key; None, requests without a salt, is a tenant of its
+    own), so a request drafts only from the outputs of requests with its own salt.
+
+    Bounded together: at most `max_tokens` tokens over all tenants and at most `max_tenants`
+    tenants; when an added output goes over either bound, the tenants that added least
+    recently are dropped whole (the one just added to is kept: a single tenant stays within
+    `max_tokens` by its own two generations).
+
+    Args:
+        max_tokens: most tokens indexed over all tenants (separators included).
+        max_n, min_n: as `SharedOutputs`.
+        max_tenants: most salts kept.
+    """
+
+    def __init__(self, max_tokens: int, max_n: int, min_n: int = 1, max_tenants: int = 64):
+        if max_tokens <= 0 or max_tenants <= 0:
+            raise ValueError(f"max_tokens and max_tenants must be positive, got {max_tokens} "
+                             f"and {max_tenants}")
+        self.max_tokens = max_tokens
+        self.max_n = max_n
+        self.min_n = min_n
+        self.max_tenants = max_tenants
+        self.num_outputs = 0       # outputs added, over all tenants, dropped ones included
+        self.dropped_tenants = 0   # tenants dropped to hold the bounds
+        # Oldest first: a tenant moves to the end whenever it adds an output.
+        self._tenants: dict[str | None, SharedOutputs] = {}
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._tenants.values())
+
+    @property
+    def num_tenants(self) -> int:
+        return len(self._tenants)
+
+    def tenant(self, salt: str | None) -> SharedOutputs | None:
+        """The index of this salt's outputs, None while it has none."""
+        return self._tenants.get(salt)
+
+    def add(self, salt: str | None, output: Sequence[int]) -> None:
+        """Index one finished output of a request with this salt."""
+        shared = self._tenants.pop(salt, None)
+        if shared is None:
+            shared = SharedOutputs(self.max_tokens, self.max_n, self.min_n)
+        self._tenants[salt] = shared    # newest
+        shared.add(output)
+        self.num_outputs += 1
+        total = len(self)
+        while len(self._tenants) > 1 and (total > self.max_tokens
+                                          or len(self._tenants) > self.max_tenants):
+            oldest = next(iter(self._tenants))
+            total -= len(self._tenants.pop(oldest))
+            self.dropped_tenants += 1
+
+    def best_path(self, salt: str | None, history: Sequence[int], max_depth: int,
+                  max_matches: int) -> tuple[int, list[int], list[int]]:
+        """`SharedOutputs.best_path` over this salt's outputs only."""
+        shared = self._tenants.get(salt)
+        return (0, [], []) if shared is None else shared.best_path(history, max_depth,
+                                                                   max_matches)
+
+    def view(self, salt: str | None) -> TenantView:
+        """What one request drafts from: its own salt's outputs, looked up at each query (so
+        a dropped tenant's index is freed at once, not held by running requests)."""
+        return TenantView(self, salt)
+
+
+class TenantView:
+    """One tenant's shared outputs, queried like a `SharedOutputs` (`best_path`)."""
+
+    __slots__ = ("outputs", "salt")
+
+    def __init__(self, outputs: TenantSharedOutputs, salt: str | None):
+        self.outputs = outputs
+        self.salt = salt
+
+    def best_path(self, history: Sequence[int], max_depth: int, max_matches: int
+                  ) -> tuple[int, list[int], list[int]]:
+        return self.outputs.best_path(self.salt, history, max_depth, max_matches)
+
+    def add(self, output: Sequence[int]) -> None:
+        self.outputs.add(self.salt, output)

@@ -10,7 +10,7 @@ returns straight to vLLM's function for engines that do not run PTD.
 from __future__ import annotations
 
 from vllm_ptd.patching import Patch, apply_together
-from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config
+from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config, tenants
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"  # CPUModelRunner subclasses GPUModelRunner
 
@@ -65,6 +65,22 @@ ALL_PATCHES: list[Patch] = [
         attr="_validate_spec_decode",
         make=sampling_patches.make_validate_spec_decode,
         why="accept min_p and logit_bias requests in PTD engines (served exactly)",
+    ),
+    Patch(
+        module="vllm.v1.core.sched.scheduler",
+        owner="Scheduler",
+        attr="schedule",
+        make=tenants.make_schedule,
+        why="carry each new request's cache_salt to the workers (on its NewRequestData): "
+            "shared outputs are kept apart per salt",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="execute_model",
+        make=tenants.make_execute_model,
+        why="put the cache_salt on the runner's CachedRequestState, where the proposer "
+            "picks the request's own tenant of shared outputs",
     ),
 ]
 

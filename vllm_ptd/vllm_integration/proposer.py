@@ -21,7 +21,7 @@ from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.config import CHAIN
 from vllm_ptd.core.chain import rows_from_shared
 from vllm_ptd.core.request_state import PTDRequestState
-from vllm_ptd.core.shared_outputs import SharedOutputs
+from vllm_ptd.core.shared_outputs import TenantSharedOutputs
 from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
@@ -81,12 +81,13 @@ class PTDProposer:
         parallel = vllm_config.parallel_config
         self.parallel = (parallel.tensor_parallel_size > 1
                          or parallel.pipeline_parallel_size > 1)
-        # Finished requests' outputs, drafted from by the chains of others (core/shared_outputs).
+        # Finished requests' outputs, drafted from by the chains of others with the same
+        # cache_salt (core/shared_outputs; the salt comes from vllm_integration/tenants.py).
         cfg = self.config
-        self.shared: SharedOutputs | None = None
+        self.shared: TenantSharedOutputs | None = None
         if cfg.draft_shape == CHAIN and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
-            self.shared = SharedOutputs(cfg.shared_outputs, cfg.context_ngram,
-                                        cfg.context_min_ngram)
+            self.shared = TenantSharedOutputs(cfg.shared_outputs, cfg.context_ngram,
+                                              cfg.context_min_ngram)
         self.shared_rows = 0   # chain rows drafted from other requests' outputs
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
@@ -108,8 +109,8 @@ class PTDProposer:
         finished one's output joins the shared outputs first."""
         self.blockers.pop(req_id, None)
         state = self.states.pop(req_id, None)
-        if finished and state is not None and self.shared is not None:
-            self.shared.add(state.output_tokens())
+        if finished and state is not None and state.shared is not None:
+            state.shared.add(state.output_tokens())   # its own tenant's outputs
         self.pending.pop(req_id, None)
         self.records.pop(req_id, None)
         self.undrafted.pop(req_id, None)
@@ -158,6 +159,7 @@ class PTDProposer:
                "kv_moves": self.kv_moves, "masked_blocks": self.masked_blocks,
                "shared_rows": self.shared_rows,
                "shared_outputs": 0 if self.shared is None else self.shared.num_outputs,
+               "shared_tenants": 0 if self.shared is None else self.shared.num_tenants,
                "fallbacks": self.fallbacks,
                "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
                "accepted_by_depth": depth[: last + 1],
@@ -187,12 +189,19 @@ class PTDProposer:
                     result: VerifyResult) -> None:
         self.records[req_id] = StepRecord(layout, argmax, result)
 
+    def _shared_view(self, req_state):
+        """The shared outputs this request drafts from: its own tenant's (`cache_salt`, put
+        on the runner's request state by vllm_integration/tenants.py; None: no salt)."""
+        if self.shared is None:
+            return None
+        return self.shared.view(getattr(req_state, "cache_salt", None))
+
     def _state_for(self, req_id: str, req_state) -> PTDRequestState:
         state = self.states.get(req_id)
         if state is None:
             stop = set(req_state.sampling_params.all_stop_token_ids or ())
             state = PTDRequestState(self.config, list(req_state.prompt_token_ids or []),
-                                    frozenset(stop), shared=self.shared)
+                                    frozenset(stop), shared=self._shared_view(req_state))
             self.states[req_id] = state
         return state
 

@@ -1,0 +1,59 @@
+"""Carry each request's `cache_salt` from vLLM's scheduler to PTD's proposer.
+
+PTD's shared outputs (core/shared_outputs.py) are kept apart per `cache_salt`, vLLM's
+per-request isolation key for its prefix cache. vLLM 0.32 keeps the salt on the scheduler's
+`Request` only: neither `NewRequestData` (what the scheduler sends the workers) nor the
+runner's `CachedRequestState` carries it. Two wrappers bring it across, in PTD engines only:
+
+1. `Scheduler.schedule`: each new request's `NewRequestData` gets a `cache_salt` attribute
+   (a plain dataclass: the attribute travels with it, in process or pickled to workers);
+2. `GPUModelRunner.execute_model`: after vLLM made the runner's `CachedRequestState` of a new
+   request, the salt is copied onto it, where `PTDProposer` reads it (`_shared_view`). The
+   runner keeps that state until the request finishes (preemption and resumption included),
+   so the salt stays with the request for its whole life.
+"""
+
+from __future__ import annotations
+
+from vllm_ptd.vllm_integration.spec_config import ptd_config_of
+
+
+def _is_ptd_scheduler(scheduler) -> bool:
+    flag = getattr(scheduler, "_vllm_ptd_on", None)
+    if flag is None:
+        config = getattr(scheduler, "vllm_config", None)
+        flag = ptd_config_of(getattr(config, "speculative_config", None)) is not None
+        scheduler._vllm_ptd_on = flag
+    return flag
+
+
+def make_schedule(original):
+    def schedule(self, *args, **kwargs):
+        if not _is_ptd_scheduler(self):
+            return original(self, *args, **kwargs)
+        output = original(self, *args, **kwargs)
+        for new in output.scheduled_new_reqs:
+            request = self.requests.get(new.req_id)
+            salt = getattr(request, "cache_salt", None)
+            if salt is not None:
+                new.cache_salt = salt
+        return output
+
+    return schedule
+
+
+def make_execute_model(original):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        from vllm_ptd.vllm_integration.proposer import PTDProposer
+
+        if not isinstance(getattr(self, "drafter", None), PTDProposer):
+            return original(self, scheduler_output, *args, **kwargs)
+        output = original(self, scheduler_output, *args, **kwargs)
+        for new in scheduler_output.scheduled_new_reqs:
+            salt = getattr(new, "cache_salt", None)
+            state = self.requests.get(new.req_id) if salt is not None else None
+            if state is not None:
+                state.cache_salt = salt
+        return output
+
+    return execute_model
