@@ -99,3 +99,11 @@ def test_cpu_platform_is_still_detected_with_the_compat_hook():
         check=False,
     )
     assert out.stdout.strip().splitlines()[-1] == "cpu", out.stderr[-2000:]
+
+
+def test_version_command_names_both_versions_and_the_verdict():
+    out = subprocess.run([VLLM_PTD, "version"], capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "vllm-ptd 0.1.0" in out.stdout and "vLLM 0.32.0" in out.stdout
+    assert "supported: the functions PTD patches match vLLM 0.32.0" in out.stdout

@@ -196,18 +196,20 @@ def test_tree_step_with_unsupported_step_metadata_raises(field: str, value) -> N
 
 
 def fake_vllm_config(ptd: bool) -> SimpleNamespace:
-    """The parts of a VllmConfig that the Triton metadata builder reads."""
+    """The parts of a VllmConfig that the Triton metadata builder reads (vLLM 0.33's also
+    reads the speculative token count, parallel drafting and max_num_seqs)."""
     model = SimpleNamespace(
         get_num_attention_heads=lambda parallel: NUM_HEADS,
         get_num_kv_heads=lambda parallel: NUM_KV_HEADS,
         get_head_size=lambda: HEAD,
         rswa_window=None,
     )
-    spec = SimpleNamespace(method="custom_class", ptd={"max_nodes": 64}) if ptd else None
+    spec = SimpleNamespace(method="custom_class", ptd={"max_nodes": 64},
+                           num_speculative_tokens=64, parallel_drafting=False) if ptd else None
     return SimpleNamespace(
         model_config=model,
         parallel_config=None,
-        scheduler_config=None,
+        scheduler_config=SimpleNamespace(max_num_seqs=256),
         speculative_config=spec,
         compilation_config=SimpleNamespace(
             cudagraph_mode=CUDAGraphMode.NONE, static_forward_context={}

@@ -51,3 +51,20 @@ def test_engine_args_map_ptd_onto_the_custom_class_path():
 def test_engine_args_refuse_a_bad_ptd_key_before_the_engine_starts():
     with pytest.raises(ValueError, match="depth"):
         _engine_config({"method": "ptd", "depth": 1000})
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rejection_sample_method", "fly"),          # vLLM 0.33's lossy FLy window
+    ("fly_window_size", 3),
+    ("rejection_sample_method", "synthetic"),
+    ("synthetic_acceptance_length", 2.5),
+])
+def test_vllm_verification_options_are_refused_since_ptd_verifies_exactly(key, value):
+    with pytest.raises(ValueError, match=f"{key}.*verifies exactly"):
+        split_speculative_dict({"method": "ptd", key: value})
+
+
+def test_the_v2_model_runner_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER"):
+        _engine_config({"method": "ptd"})

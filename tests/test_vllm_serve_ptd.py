@@ -53,3 +53,29 @@ def test_serve_refuses_a_bad_ptd_key_with_its_name():
                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, check=False)
     assert out.returncode != 0
     assert "depht" in out.stderr + out.stdout
+
+
+def test_vllm_bench_serve_runs_against_a_ptd_server(tmp_path):
+    """vLLM's own client, as the README's recipe runs it: a custom dataset of the user's
+    prompts (one JSON object with "prompt" a line), against a PTD server."""
+    from vllm_ptd.model import default_model_path
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in [
+        "What is the capital of India?", "Name three primary colors.",
+        "Explain why the sky is blue.", "What is 12 times 7?"]))
+    model = default_model_path()
+    with vllm_server(model, {"method": "ptd"}) as server:
+        port = server.root.rsplit(":", 1)[1]
+        out = subprocess.run(
+            [vllm_cli(), "bench", "serve", "--backend", "openai-chat",
+             "--endpoint", "/v1/chat/completions", "--host", "127.0.0.1", "--port", port,
+             "--model", "smol", "--tokenizer", model, "--dataset-name", "custom",
+             "--dataset-path", str(prompts), "--num-prompts", "4", "--custom-output-len", "24",
+             "--max-concurrency", "2", "--temperature", "0", "--save-result",
+             "--result-dir", str(tmp_path), "--result-filename", "result.json"],
+            capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["total_output_tokens"] > 20

