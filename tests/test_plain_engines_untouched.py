@@ -78,8 +78,9 @@ def test_sampling_wrappers_return_straight_to_vllm_for_plain_engines():
 
 
 class EngineArgs:
-    spec_method = None
-    speculative_config = {"method": "ngram", "num_speculative_tokens": 3}
+    def __init__(self) -> None:
+        self.spec_method = None
+        self.speculative_config = {"method": "ngram", "num_speculative_tokens": 3}
 
 
 def test_speculative_config_wrapper_passes_other_methods_to_vllm_unchanged():
