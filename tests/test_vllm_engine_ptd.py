@@ -174,11 +174,11 @@ def test_a_fault_inside_ptd_falls_back_to_plain_decoding_for_that_request(
         stage, prompts, plain_outputs, ptd_llm):
     from functools import partial
 
-    from vllm_ptd.vllm_integration.introspection import inject_ptd_faults
+    from fault_injection import inject_faults
 
     flat = [p for name in DATASETS for p in prompts[name]][:16]
     before = snapshot(ptd_llm)
-    assert ptd_llm.collective_rpc(partial(inject_ptd_faults, stage=stage, count=3)) == [True]
+    assert ptd_llm.collective_rpc(partial(inject_faults, stage=stage, count=3)) == [True]
     got = _generate(ptd_llm, flat, 16)
     after = snapshot(ptd_llm)
     assert _mismatches(got, plain_outputs["batch16"][:16]) == []

@@ -21,18 +21,6 @@ def ptd_snapshot(worker) -> dict | None:
     return drafter.snapshot() if isinstance(drafter, PTDProposer) else None
 
 
-def inject_ptd_faults(worker, stage: str, count: int) -> bool:
-    """Test hook, runs inside each worker: make the next `count` per-request calls of PTD's
-    `stage` ("propose" or "verify") raise, to exercise the fallback to plain decoding."""
-    from vllm_ptd.vllm_integration.proposer import PTDProposer
-
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if not isinstance(drafter, PTDProposer):
-        return False
-    drafter.injected_faults[stage] = count
-    return True
-
-
 class PTDWorkerExtension:
     """Mixed into vLLM's worker class by `--worker-extension-cls` (vLLM's extension hook), so
     that `collective_rpc("ptd_snapshot")` (a method name, as vLLM's HTTP endpoint sends)

@@ -63,9 +63,6 @@ class PTDProposer:
         self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
         self.masked_blocks = 0  # request-steps that needed tree attention (not chains)
         self.fallbacks = 0  # requests switched to plain decoding after an internal error
-        # Fault injection for tests (set through introspection.inject_ptd_faults): the next
-        # `count` per-request calls of that stage ("propose" or "verify") raise.
-        self.injected_faults: dict[str, int] = {}
         self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
         # Unpacked KV copies for the CPU tree attention (unused on other devices).
         self.kv_mirrors = KVMirrorStore(
@@ -117,19 +114,22 @@ class PTDProposer:
         self.kv_mirrors.release(req_id)
 
     def fall_back(self, req_id: str, stage: str) -> None:
-        """After an internal error: drop the request's PTD state and serve it by plain
-        decoding until it ends (logged with the traceback, counted in `fallbacks`)."""
-        logger.exception("PTD %s failed for request %s; it continues without drafts",
-                         stage, req_id)
-        self.fallbacks += 1
-        self.forget(req_id)
-        self.blockers[req_id] = f"PTD {stage} failed"
+        """After an internal error: serve the request by plain decoding until it ends
+        (counted in `fallbacks`, logged with the traceback) and drop its PTD state.
 
-    def maybe_inject_fault(self, stage: str) -> None:
-        left = self.injected_faults.get(stage, 0)
-        if left > 0:
-            self.injected_faults[stage] = left - 1
-            raise RuntimeError(f"injected PTD fault ({stage})")
+        Never raises, since it runs inside the handlers that keep the engine up: counting
+        and blocking the request (what keeps it off PTD) cannot fail and come first; logging
+        and dropping the state are guarded. State a failed drop leaves behind is released
+        when the request ends (`forget` again), and the blocker keeps it from drafting."""
+        self.fallbacks += 1
+        try:
+            logger.exception("PTD %s failed for request %s; it continues without drafts",
+                             stage, req_id)
+            self.forget(req_id)
+        except Exception:  # noqa: BLE001, S110 (the request is blocked below)
+            pass
+        finally:
+            self.blockers[req_id] = f"PTD {stage} failed"
 
     def step_started(self, num_tokens: int, has_prefill: bool, drafting: int) -> None:
         """Called as each forward step is prepared (`drafting`: requests with draft rows):
@@ -213,7 +213,11 @@ class PTDProposer:
         """
         runner = self.runner
         started = time.perf_counter()
-        self.step_budget = self._choose_budget(runner, sampled_token_ids)
+        try:
+            self.step_budget = self._choose_budget(runner, sampled_token_ids)
+        except Exception:  # never take the engine down
+            logger.exception("PTD budget choice failed; no drafts this step")
+            self.step_budget = 0   # every request decodes plainly this step
         drafts: list[list[int]] = []
         for index, req_id in enumerate(runner.input_batch.req_ids):
             sampled = sampled_token_ids[index]
@@ -229,7 +233,10 @@ class PTDProposer:
                 self.fall_back(req_id, "drafting")
                 drafts.append([])
         self.host_seconds += time.perf_counter() - started
-        self._maybe_log()
+        try:
+            self._maybe_log()
+        except Exception:  # a statistics line is not worth the engine
+            logger.exception("PTD statistics line failed")
         return drafts
 
     def _choose_budget(self, runner, sampled_token_ids) -> int:
@@ -275,7 +282,6 @@ class PTDProposer:
     def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int,
                      history: np.ndarray) -> list[int]:
         """history: the request's prompt and committed tokens, x last (the runner's row)."""
-        self.maybe_inject_fault("propose")
         state = self._state_for(req_id, req_state)
         record = self.records.pop(req_id, None)
         if record is not None:

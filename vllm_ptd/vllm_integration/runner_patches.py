@@ -86,11 +86,13 @@ def make_update_states(original):
 
 def make_input_fits_in_drafter(original):
     def _input_fits_in_drafter(self, common_attn_metadata):
+        if ptd_drafter(self) is None:
+            return original(self, common_attn_metadata)
         # vLLM skips the drafter for the whole batch once any sequence comes within
         # num_speculative_tokens of the drafter's max length (a limit of separate draft
         # models) and schedules zeros as drafts. PTD drafts with the target itself and keeps
         # each request's tree inside max_model_len (proposer budget), so it always drafts.
-        if ptd_drafter(self) is not None and common_attn_metadata is not None:
+        if common_attn_metadata is not None:
             return True
         return original(self, common_attn_metadata)
 
@@ -100,21 +102,25 @@ def make_input_fits_in_drafter(original):
 def make_prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         drafter = ptd_drafter(self)
-        if drafter is not None:
-            # Decode rows are one token per request plus its drafts; anything more is
-            # prompt (prefill or a chunk of it).
-            total = scheduler_output.total_num_scheduled_tokens
-            spec = scheduler_output.scheduled_spec_decode_tokens
-            decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
-            drafter.step_started(total, has_prefill=total > decode,
-                                 drafting=sum(1 for drafts in spec.values() if drafts))
+        if drafter is None:
+            return original(self, scheduler_output, num_scheduled_tokens)
+        # Decode rows are one token per request plus its drafts; anything more is
+        # prompt (prefill or a chunk of it).
+        total = scheduler_output.total_num_scheduled_tokens
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
+        drafter.step_started(total, has_prefill=total > decode,
+                             drafting=sum(1 for drafts in spec.values() if drafts))
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
-        if drafter is None or not scheduler_output.scheduled_spec_decode_tokens:
+        if not scheduler_output.scheduled_spec_decode_tokens:
             return result
         query_start = self.query_start_loc.np
         slot_mapping = self.input_batch.block_table.block_tables[0].slot_mapping.gpu
+        # Requests whose tree failed to be set up this step (req_id -> index): they commit
+        # the token plain decoding commits after x (`make_sample`), whatever their rows hold.
+        self._ptd_failed = {}
         rows, positions, blocks = [], [], []
         for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             layout = drafter.pending.get(req_id)
@@ -122,40 +128,71 @@ def make_prepare_inputs(original):
             n = len(drafts) + 1
             if layout is None or not drafts or num_scheduled_tokens[idx] != n:
                 continue
-            # The scheduler may keep only a prefix of the drafts (token budget,
-            # max_model_len); a DFS prefix of the layout is still a valid tree.
-            layout = layout.truncate(n)
-            if layout.tokens[1:].tolist() != list(drafts):
+            try:
+                planned = _plan_tree(self, req_id, idx, layout, drafts, query_start,
+                                     slot_mapping)
+            except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
+                drafter.fall_back(req_id, "tree layout")
+                self._ptd_failed[req_id] = idx
+                continue
+            if planned is None:
                 # Not PTD's drafts (vLLM replaced them): no tree for this request this
                 # step; vLLM verifies them as a linear chain, which stays exact.
                 logger.warning("PTD: scheduled drafts of %s are not its tree; verified "
                                "linearly this step", req_id)
                 drafter.pending.pop(req_id, None)
                 continue
-            start = int(query_start[idx])
-            p = int(self.input_batch.num_computed_tokens_cpu[idx])
-            rows.append(np.arange(start, start + n))
-            positions.append(p + layout.depths.astype(np.int64))
-            self._ptd_trees[req_id] = TreeInFlight(
-                idx, start, layout, slot_mapping[start:start + n].to("cpu", torch.int64))
-            if layout.is_chain:
-                continue   # a causal block: the backend's own kernel attends to it exactly
-            blocks.append(TreeBlock(idx, start, n, torch.from_numpy(layout.ancestor_mask()),
-                                    req_id))
+            tree, tree_positions, block = planned
+            rows.append(np.arange(tree.start, tree.start + n))
+            positions.append(tree_positions)
+            self._ptd_trees[req_id] = tree
+            if block is not None:   # chains are causal blocks: the backend's own kernel
+                blocks.append(block)
         drafter.masked_blocks += len(blocks)
         if not blocks:
             return result
-        # Tree positions go in after the slot mapping was computed from linear positions.
-        index = torch.from_numpy(np.concatenate(rows)).to(self.positions.device)
-        self.positions[index] = torch.from_numpy(np.concatenate(positions)).to(
-            self.positions.device, self.positions.dtype)
-        set_tree_attention_metadata(
-            _tree_metadata(blocks, self.positions.device,
-                           num_scheduled_tokens[: self.input_batch.num_reqs],
-                           drafter.kv_mirrors))
+        try:
+            # Tree positions go in after the slot mapping was computed from linear positions.
+            index = torch.from_numpy(np.concatenate(rows)).to(self.positions.device)
+            self.positions[index] = torch.from_numpy(np.concatenate(positions)).to(
+                self.positions.device, self.positions.dtype)
+            set_tree_attention_metadata(
+                _tree_metadata(blocks, self.positions.device,
+                               num_scheduled_tokens[: self.input_batch.num_reqs],
+                               drafter.kv_mirrors))
+        except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
+            # No tree masks this step: every row attends causally. A masked request's x row
+            # (its first, at position p either way) is still exactly plain decoding's row, so
+            # it commits plain decoding's token from it; chains stay verified (their rows
+            # attend causally anyway, at the linear positions).
+            set_tree_attention_metadata(None)
+            for blk in blocks:
+                self._ptd_trees.pop(blk.req_id, None)
+                drafter.fall_back(blk.req_id, "attention plan")
+                self._ptd_failed[blk.req_id] = blk.req_index
         return result
 
     return _prepare_inputs
+
+
+def _plan_tree(runner, req_id: str, idx: int, layout: TreeLayout, drafts, query_start,
+               slot_mapping) -> tuple[TreeInFlight, np.ndarray, TreeBlock | None] | None:
+    """One request's tree this step: what `make_sample` verifies, its rows' tree positions
+    and its attention block (None for a chain, which attends causally); None when the
+    scheduled drafts are not its tree."""
+    n = len(drafts) + 1
+    # The scheduler may keep only a prefix of the drafts (token budget, max_model_len); a
+    # DFS prefix of the layout is still a valid tree.
+    layout = layout.truncate(n)
+    if layout.tokens[1:].tolist() != list(drafts):
+        return None
+    start = int(query_start[idx])
+    p = int(runner.input_batch.num_computed_tokens_cpu[idx])
+    tree = TreeInFlight(idx, start, layout,
+                        slot_mapping[start:start + n].to("cpu", torch.int64))
+    block = None if layout.is_chain else TreeBlock(
+        idx, start, n, torch.from_numpy(layout.ancestor_mask()), req_id)
+    return tree, p + layout.depths.astype(np.int64), block
 
 
 def _tree_metadata(blocks: list[TreeBlock], device: torch.device,
@@ -259,15 +296,61 @@ def _verify_tree(runner, req_id: str, tree: TreeInFlight, logits: torch.Tensor,
     return verdict, node_argmax
 
 
-def _plain_token(runner, req_id: str, tree: TreeInFlight, logits: torch.Tensor,
-                 raw_argmax: np.ndarray) -> int:
-    """The token plain decoding would commit after x: what a request whose verification
-    failed commits instead of its tree's path."""
+def _plain_tokens(runner, logits: torch.Tensor, spec_decode_metadata, cu_sampled: np.ndarray,
+                  req_indices: list[int], argmax: np.ndarray, all_plain_greedy: bool
+                  ) -> dict[int, int]:
+    """The token plain decoding commits after x for each of these requests (batch indices):
+    what a request whose tree failed at any stage commits instead of its tree's path.
+
+    Taken from vLLM's own choice at the request's x row, its first row this step: x attends
+    to nothing after itself and sits at position p whether or not the tree's positions and
+    masks were set, so its logits are plain decoding's. When the whole batch is plain greedy
+    vLLM's sampler would take the row's argmax, which is already at hand; otherwise vLLM's
+    Sampler runs on every request's x row with the batch's sampling metadata (allowed tokens,
+    bad words, logits processors, penalties) and these requests' own generators only, so a
+    seeded request draws exactly what plain decoding draws (its generator is back at its
+    state before verification, see `_generator_state`). Other rows of this pass are unused;
+    they draw from the global generator, as withheld rows do. No PTD code runs here.
+    """
+    counts = np.asarray(spec_decode_metadata.num_draft_tokens, dtype=np.int64) + 1
+    x_rows = cu_sampled - counts
+    if all_plain_greedy:
+        return {i: int(argmax[x_rows[i]]) for i in req_indices}
+    md = runner.input_batch.sampling_metadata
+    wanted = set(req_indices)
+    # No logprobs in this pass (a failed request's logprobs come from its x row like any
+    # other, `_verified_logprobs`); no thinking budget state: PTD never drafts for requests
+    # with one, and the budget's state must not advance twice in a step.
+    md = replace(md, generators={i: g for i, g in md.generators.items() if i in wanted},
+                 max_num_logprobs=None, logprob_token_ids=None,
+                 thinking_budget_state_holder=None)
+    runner.input_batch.update_async_output_token_ids()
+    rows = logits[torch.from_numpy(x_rows).to(logits.device)]
+    tokens = runner.sampler(logits=rows, sampling_metadata=md).sampled_token_ids
+    tokens = tokens.view(-1).cpu()
+    return {i: int(tokens[i]) for i in req_indices}
+
+
+def _generator_state(runner, req_id: str):
+    """(generator, state) of a sampled request with its own generator, else None: taken
+    before verification draws from it, restored if its tree then fails, so the fallback draws
+    what plain decoding draws."""
     req = runner.requests[req_id]
-    if _plain_greedy(req.sampling_params):
-        return int(raw_argmax[0])
-    rows = _row_distributions(runner, req_id, tree, logits)
-    return rows.argmax[0] if is_greedy(req.sampling_params) else rows.sampled[0]
+    if req.generator is None or is_greedy(req.sampling_params):
+        return None
+    return req.generator, req.generator.get_state()
+
+
+def _restore_generator(saved) -> None:
+    if saved is not None:
+        saved[0].set_state(saved[1])
+
+
+def _write_row(sampled: torch.Tensor, req_index: int, tokens: list[int]) -> None:
+    """A request's row of the sampler output: its tokens, then -1 (vLLM's contract)."""
+    row = torch.full((sampled.shape[1],), -1, dtype=sampled.dtype)
+    row[: len(tokens)] = torch.tensor(tokens, dtype=sampled.dtype)
+    sampled[req_index] = row.to(sampled.device)
 
 
 @contextmanager
@@ -337,20 +420,27 @@ def _verified_logprobs(runner, logits: torch.Tensor, sampled: torch.Tensor,
 
 def make_sample(original):
     def _sample(self, logits, spec_decode_metadata):
+        drafter = ptd_drafter(self)
+        if drafter is None:
+            return original(self, logits, spec_decode_metadata)
         set_tree_attention_metadata(None)
         trees = getattr(self, "_ptd_trees", None) or {}
-        drafter = ptd_drafter(self)
-        if drafter is None or spec_decode_metadata is None:
+        if spec_decode_metadata is None:
             return original(self, logits, spec_decode_metadata)
         # Also without trees: the scheduler can cut every draft of a step (token budget,
         # max_model_len), and vLLM's rejection sampler fails on zero draft rows with top-k.
         argmax = _greedy_argmax(logits)
         cu_sampled = spec_decode_metadata.cu_num_sampled_tokens.cpu().numpy()
         width = int(np.diff(cu_sampled, prepend=0).max())
-        tree_rows = {tree.req_index for tree in trees.values()}
+        # Requests whose tree failed (setup in `_prepare_inputs`, then verification or KV
+        # compaction below): req_id -> batch index. They commit plain decoding's token after
+        # x (`_plain_tokens`) and continue without drafts; the rest of the batch is unaffected.
+        failed: dict[str, int] = dict(getattr(self, "_ptd_failed", None) or {})
+        tree_rows = {tree.req_index for tree in trees.values()} | set(failed.values())
         untreed_drafts = any(count and idx not in tree_rows
                              for idx, count in enumerate(spec_decode_metadata.num_draft_tokens))
-        if not untreed_drafts and _all_plain_greedy(self, drafter):
+        all_plain_greedy = not untreed_drafts and _all_plain_greedy(self, drafter)
+        if all_plain_greedy:
             # Every row is a plain argmax: skip vLLM's linear rejection sampler entirely.
             rows = np.full((len(cu_sampled), width), -1, dtype=np.int64)
             rows[:, 0] = argmax[cu_sampled - 1]   # no-draft requests: the bonus only
@@ -365,43 +455,59 @@ def make_sample(original):
                 if output is None:
                     output = original(self, logits, spec_decode_metadata)
         sampled = output.sampled_token_ids
-        src, dst = [], []
-        tree_paths: dict[int, list[int]] = {}   # req_index -> rows of its output tokens
+        verified = {}   # req_id -> (tree, verdict, generator state before verification)
+        moves = {}      # req_id -> KV slot pairs (source, destination) of its accepted path
         for req_id, tree in trees.items():
             n = len(tree.layout)
             first = int(cu_sampled[tree.req_index]) - n
-            node_logits = logits[first:first + n]
-            node_argmax = argmax[first:first + n]
+            saved = _generator_state(self, req_id)
             try:
-                drafter.maybe_inject_fault("verify")
-                verdict, node_argmax = _verify_tree(self, req_id, tree, node_logits, node_argmax)
-            except Exception:  # noqa: BLE001 (logged in fall_back)
-                # Never take the engine down: commit the token plain decoding would commit
-                # after x and drop the tree; the request continues without drafts.
+                verdict, node_argmax = _verify_tree(self, req_id, tree, logits[first:first + n],
+                                                    argmax[first:first + n])
+                pairs = [(tree.slots[node], tree.slots[k])
+                         for k, node in enumerate(verdict.accepted, start=1)
+                         if node != k]   # already in place when the path is the DFS prefix
+                drafter.record_step(req_id, tree.layout, node_argmax, verdict)
+            except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
+                _restore_generator(saved)
+                drafter.records.pop(req_id, None)
                 drafter.fall_back(req_id, "verification")
-                tokens = [_plain_token(self, req_id, tree, node_logits, node_argmax)]
-                verdict = None
-            else:
-                tokens = verdict.tokens
-            row = torch.full((sampled.shape[1],), -1, dtype=sampled.dtype)
-            row[: len(tokens)] = torch.tensor(tokens, dtype=sampled.dtype)
-            sampled[tree.req_index] = row.to(sampled.device)
-            tree_paths[tree.req_index] = [0] if verdict is None else [0, *verdict.accepted]
-            if verdict is None:
+                failed[req_id] = tree.req_index
                 continue
-            for k, node in enumerate(verdict.accepted, start=1):
-                if node != k:  # already in place when the path is the DFS prefix
-                    src.append(tree.slots[node])
-                    dst.append(tree.slots[k])
-            drafter.record_step(req_id, tree.layout, node_argmax, verdict)
-        if src:
-            compact_accepted_kv(self, torch.stack(src), torch.stack(dst))
-            drafter.kv_moves += len(src)
+            verified[req_id] = (tree, verdict, saved)
+            if pairs:
+                moves[req_id] = pairs
+        if moves:
+            pairs = [pair for request_pairs in moves.values() for pair in request_pairs]
+            try:
+                compact_accepted_kv(self, torch.stack([src for src, _ in pairs]),
+                                    torch.stack([dst for _, dst in pairs]))
+                drafter.kv_moves += len(pairs)
+            except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
+                # Their accepted nodes' KV may be anywhere now, but only in their own tree
+                # slots after x, which committing x's plain token alone leaves rejected.
+                for req_id in moves:
+                    tree, _, saved = verified.pop(req_id)
+                    _restore_generator(saved)
+                    drafter.records.pop(req_id, None)
+                    drafter.fall_back(req_id, "KV compaction")
+                    failed[req_id] = tree.req_index
+        tree_paths: dict[int, list[int]] = {}   # req_index -> rows of its output tokens
+        for tree, verdict, _ in verified.values():
+            _write_row(sampled, tree.req_index, verdict.tokens)
+            tree_paths[tree.req_index] = [0, *verdict.accepted]
+        if failed:
+            plain = _plain_tokens(self, logits, spec_decode_metadata, cu_sampled,
+                                  sorted(failed.values()), argmax, all_plain_greedy)
+            for req_index, token in plain.items():
+                _write_row(sampled, req_index, [token])
+                tree_paths[req_index] = [0]
         if (self.input_batch.sampling_metadata.max_num_logprobs is not None
                 and drafter.raw_logprobs):
             output.logprobs_tensors = _verified_logprobs(self, logits, sampled, cu_sampled,
                                                          tree_paths)
         self._ptd_trees = {}
+        self._ptd_failed = {}
         return output
 
     return _sample

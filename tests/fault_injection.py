@@ -1,0 +1,180 @@
+"""Test-only fault injection into PTD's per-step stages, inside the worker process.
+
+Production code carries no hooks: `inject_faults` wraps the stage functions themselves in the
+worker (module functions of runner_patches, methods of the PTD proposer instance), so that the
+next `count` calls of a stage raise `InjectedFault`. Once installed, a wrapper with no fault
+left passes straight through to the real function.
+
+Stages (what raises, and where PTD must catch it):
+- "propose": one request's proposal (`PTDProposer._propose_one`), before anything is drafted.
+- "layout": one request's tree setup in `_prepare_inputs` (`runner_patches._plan_tree`).
+- "attention": the step's tree attention plan (`runner_patches._tree_metadata`): every
+  request with a masked tree that step is hit.
+- "verify": one request's verification (`runner_patches._verify_tree`). The real
+  verification runs first, so a seeded request's generator has drawn when it raises.
+- "compaction": the step's KV compaction (`runner_patches.compact_accepted_kv`), after it
+  moved the first half of the accepted nodes' KV: every request with moves that step is hit.
+- "fallback": the fallback's own bookkeeping: inside the next `count` calls of
+  `PTDProposer.fall_back`, dropping the request's state (`forget`) raises. Needs a fault at
+  another stage to bring a request to its fallback.
+
+Offline: `llm.collective_rpc(partial(inject_faults, stage="verify", count=3))`; counters
+with `llm.collective_rpc(fault_counts)`. From `vllm serve`: start it with
+`--worker-extension-cls fault_injection.PTDFaultExtension`, `VLLM_SERVER_DEV_MODE=1` and this
+directory on PYTHONPATH, then `POST /collective_rpc` with
+`{"method": "ptd_inject_faults", "args": ["verify", "3"]}` or `{"method": "ptd_fault_counts"}`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+
+from vllm_ptd.vllm_integration.introspection import PTDWorkerExtension
+
+STAGES = ("propose", "layout", "attention", "verify", "compaction", "fallback")
+
+# Functions of this module travel to the engine process by value (`collective_rpc` pickles
+# them), so the engine need not be able to import this test directory.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _take(state: dict | None, stage: str) -> bool:
+    """Whether this call of `stage` fails (and counts it)."""
+    if state is None or state["left"].get(stage, 0) <= 0:
+        return False
+    state["left"][stage] -= 1
+    state["fired"][stage] = state["fired"].get(stage, 0) + 1
+    return True
+
+
+def _state_of(runner) -> dict | None:
+    return getattr(getattr(runner, "drafter", None), "_test_faults", None)
+
+
+def _install(drafter) -> dict:
+    """Wrap every stage once per worker; returns the fault counters."""
+    state = getattr(drafter, "_test_faults", None)
+    if state is not None:
+        return state
+    from vllm_ptd.vllm_integration import runner_patches as rp
+
+    state = {"left": {}, "fired": {}}
+    drafter._test_faults = state
+    drafter.kv_mirrors._test_faults = state   # `_tree_metadata` only sees the mirror store
+
+    propose_one = drafter._propose_one
+
+    def _propose_one(*args, **kwargs):
+        if _take(state, "propose"):
+            raise InjectedFault("propose")
+        return propose_one(*args, **kwargs)
+
+    drafter._propose_one = _propose_one
+
+    fall_back = drafter.fall_back
+
+    def _fall_back(req_id, stage):
+        if not _take(state, "fallback"):
+            return fall_back(req_id, stage)
+
+        def forget(*args, **kwargs):
+            raise InjectedFault("fallback")
+
+        drafter.forget = forget
+        try:
+            return fall_back(req_id, stage)
+        finally:
+            del drafter.forget   # the class's method again
+
+    drafter.fall_back = _fall_back
+
+    if not getattr(rp._plan_tree, "_ptd_fault_wrapper", False):
+        plan_tree, tree_metadata = rp._plan_tree, rp._tree_metadata
+        verify_tree, compact = rp._verify_tree, rp.compact_accepted_kv
+
+        def _plan_tree(runner, *args, **kwargs):
+            if _take(_state_of(runner), "layout"):
+                raise InjectedFault("layout")
+            return plan_tree(runner, *args, **kwargs)
+
+        def _tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors):
+            if _take(getattr(kv_mirrors, "_test_faults", None), "attention"):
+                raise InjectedFault("attention")
+            return tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors)
+
+        def _verify_tree(runner, *args, **kwargs):
+            result = verify_tree(runner, *args, **kwargs)
+            if _take(_state_of(runner), "verify"):
+                raise InjectedFault("verify")
+            return result
+
+        def compact_accepted_kv(runner, src, dst):
+            if _take(_state_of(runner), "compaction"):
+                half = len(src) // 2
+                if half:
+                    compact(runner, src[:half], dst[:half])
+                raise InjectedFault("compaction")
+            return compact(runner, src, dst)
+
+        for fn in (_plan_tree, _tree_metadata, _verify_tree, compact_accepted_kv):
+            fn._ptd_fault_wrapper = True
+        rp._plan_tree, rp._tree_metadata = _plan_tree, _tree_metadata
+        rp._verify_tree, rp.compact_accepted_kv = _verify_tree, compact_accepted_kv
+    return state
+
+
+def _drafter(worker):
+    from vllm_ptd.vllm_integration.proposer import PTDProposer
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return drafter if isinstance(drafter, PTDProposer) else None
+
+
+def inject_faults(worker, stage: str, count: int = 1) -> bool:
+    """Runs inside each worker: the next `count` calls of `stage` raise (added to any left)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; one of {STAGES}")
+    drafter = _drafter(worker)
+    if drafter is None:
+        return False
+    state = _install(drafter)
+    state["left"][stage] = state["left"].get(stage, 0) + int(count)
+    return True
+
+
+def fault_counts(worker) -> dict | None:
+    """Runs inside each worker: {"left": {stage: n}, "fired": {stage: n}}."""
+    drafter = _drafter(worker)
+    if drafter is None:
+        return None
+    state = getattr(drafter, "_test_faults", None) or {"left": {}, "fired": {}}
+    return {"left": dict(state["left"]), "fired": dict(state["fired"])}
+
+
+def clear_faults(worker) -> bool:
+    """Runs inside each worker: drop the faults not fired yet (wrappers stay, inert)."""
+    drafter = _drafter(worker)
+    state = getattr(drafter, "_test_faults", None)
+    if state is not None:
+        state["left"].clear()
+    return drafter is not None
+
+
+class PTDFaultExtension(PTDWorkerExtension):
+    """`--worker-extension-cls` for servers under test: PTD's snapshot plus fault injection
+    by method name (vLLM's dev endpoint passes string arguments only)."""
+
+    def ptd_inject_faults(self, stage: str, count: str = "1") -> bool:
+        return inject_faults(self, stage, int(count))
+
+    def ptd_fault_counts(self) -> dict | None:
+        return fault_counts(self)
+
+    def ptd_clear_faults(self) -> bool:
+        return clear_faults(self)
