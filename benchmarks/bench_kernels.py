@@ -1,8 +1,9 @@
 """GPU benchmark of the PTD kernels (the fourth part of each kernel's quartet).
 
 Tree attention vs (a) vLLM's Triton ``unified_attention`` on the same number of query
-tokens with a causal mask (what a linear draft of equal size would cost), and (b)
-gather-to-contiguous + PyTorch SDPA with a dense boolean tree mask. KV compaction: the
+tokens with a causal mask (what a linear draft of equal size would cost; only when vLLM
+imports), and (b) gather-to-contiguous + PyTorch SDPA with a dense boolean tree mask
+(always). KV compaction: the
 Triton kernel (all layers in one launch) vs the PyTorch path.
 
 Every tree-attention case is first checked against the float64 reference
@@ -202,10 +203,22 @@ def unified_attention_kwargs(c: dict, scale: float, out: torch.Tensor) -> dict:
     }
 
 
-def make_vllm_runner(c: dict, scale: float) -> Callable[[torch.Tensor], None]:
+def vllm_unified_attention() -> Callable | None:
+    """vLLM's ``unified_attention`` when vLLM imports, else None (the lent GPU machine
+    has no vLLM: the gather + SDPA baseline is the one that always runs)."""
     import importlib
 
-    unified_attention = importlib.import_module(UNIFIED_ATTENTION).unified_attention
+    try:
+        return importlib.import_module(UNIFIED_ATTENTION).unified_attention
+    except ImportError:
+        return None
+
+
+def make_vllm_runner(c: dict, scale: float) -> Callable[[torch.Tensor], None] | None:
+    """Runner for vLLM's kernel on case ``c``, or None without vLLM."""
+    unified_attention = vllm_unified_attention()
+    if unified_attention is None:
+        return None
     kwargs = unified_attention_kwargs(c, scale, torch.empty_like(c["query"]))
 
     def run(out: torch.Tensor) -> None:
@@ -321,6 +334,8 @@ def bench_tree_attention(args: argparse.Namespace, shape: Shape, writer) -> bool
         f"heads, head {shape.head_size}, block {shape.block_size}; GB/s = floor bytes "
         f"/ time, TF = TFLOP/s"
     )
+    if vllm_unified_attention() is None:
+        print("vLLM not importable: no unified_attention baseline (vllm_* columns '-')")
     print(format_header())
     ok = True
     for batch, ctx, q_len in case_grid(args.quick):
@@ -331,7 +346,8 @@ def bench_tree_attention(args: argparse.Namespace, shape: Shape, writer) -> bool
         if not err < TOL[shape.dtype]:  # NaN fails too
             ok = False
         tree_ms = bench(lambda o, c=c: run_tree(c, o, scale), out)
-        vllm_ms = bench(make_vllm_runner(c, scale), torch.empty_like(out))
+        vllm_run = make_vllm_runner(c, scale)
+        vllm_ms = bench(vllm_run, torch.empty_like(out)) if vllm_run else None
         sdpa_ms = None
         if sdpa_gather_bytes(c) <= args.sdpa_max_gb * 1e9:
             sdpa_ms = bench(make_sdpa_runner(c, scale), torch.empty_like(out))
