@@ -28,7 +28,6 @@ class BlockVLLM(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "vllm" or fullname.startswith("vllm."):
             raise ModuleNotFoundError(f"No module named {fullname!r} (blocked)", name=fullname)
-        return None
 
 
 def block_vllm() -> None:

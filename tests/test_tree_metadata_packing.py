@@ -9,9 +9,10 @@ import torch
 # The packing lives in the vLLM runner glue: without vLLM (the lent GPU machine) skip.
 pytest.importorskip("vllm", reason="pack_batch_tree_masks is part of the vLLM runner glue")
 
-from vllm_ptd.attention.tree_metadata import TreeBlock  # noqa: E402
-from vllm_ptd.kernels.tree_mask import tree_mask_dense, unpack_mask_bits  # noqa: E402
-from vllm_ptd.vllm_integration.runner_patches import pack_batch_tree_masks  # noqa: E402
+from vllm_ptd.kernels.tree_mask import tree_mask_dense, unpack_mask_bits
+
+from vllm_ptd.attention.tree_metadata import TreeBlock
+from vllm_ptd.vllm_integration.runner_patches import pack_batch_tree_masks
 
 
 def test_tree_rows_carry_their_masks_and_other_rows_are_flagged_causal():
