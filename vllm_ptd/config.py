@@ -12,6 +12,10 @@ from typing import Any
 
 TREE, CHAIN = 0, 1   # the values of draft_shape
 
+# Most draft rows a request may carry: vLLM's linear rejection sampler, which verifies a step
+# whose drafts are not PTD's tree (a fallback path), asserts at most 128 (MAX_SPEC_LEN).
+MAX_DRAFT_NODES = 128
+
 # key -> (type, min, max, doc). `max` None means unbounded.
 PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
     "width": (int, 1, 64, "w: most children of a draft-tree node (paper default 4)"),
@@ -21,13 +25,13 @@ PTD_CONFIG_KEYS: dict[str, tuple[type, int, int | None, str]] = {
     "max_nodes": (
         int,
         0,
-        4096,
+        MAX_DRAFT_NODES,
         "per-request per-step node budget for C+T, the committed token x not counted",
     ),
     "max_candidate_nodes": (
         int,
         0,
-        4096,
+        MAX_DRAFT_NODES,
         (
             "C's share of max_nodes: C takes up to this many nodes first, T the rest; budget "
             "left unused by T goes back to C"

@@ -26,6 +26,12 @@ from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
 from vllm_ptd.vllm_integration.spec_config import ptd_config_of
+from vllm_ptd.vllm_integration.startup_checks import (
+    attention_layer_refusals,
+    engine_config_refusals,
+    model_attention_layers,
+    refuse,
+)
 
 # Under vLLM's "vllm" logger namespace so that vLLM's logging configuration shows it.
 logger = init_logger("vllm.ptd")
@@ -46,6 +52,8 @@ class PTDProposer:
         self.config = ptd_config_of(vllm_config.speculative_config)
         if self.config is None:
             raise ValueError("PTDProposer needs a speculative config made from method 'ptd'")
+        refuse(engine_config_refusals(vllm_config))
+        self.vllm_config = vllm_config
         self.max_model_len = vllm_config.model_config.max_model_len
         # Tree-verified tokens get logprobs of the raw logits only (runner_patches).
         self.raw_logprobs = getattr(vllm_config.model_config, "logprobs_mode",
@@ -97,8 +105,10 @@ class PTDProposer:
         self._step_mark: tuple[float, int, int] | None = None
 
     def load_model(self, target_model) -> None:
-        """PTD drafts with the target itself: there is no draft model to load (vLLM's CPU
-        runner calls this unconditionally)."""
+        """PTD drafts with the target itself: there is no draft model to load. Called once
+        the target is loaded (before its KV cache exists): the moment to refuse attention
+        layers PTD cannot serve exactly."""
+        refuse(attention_layer_refusals(model_attention_layers(self.vllm_config)))
 
     # -- lifecycle ---------------------------------------------------------------------
     def forget(self, req_id: str, finished: bool = False) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vllm_ptd.config import PTD_CONFIG_KEYS, PTDConfig
+from vllm_ptd.vllm_integration.startup_checks import engine_args_refusals, refuse
 
 PTD_METHOD = "ptd"
 PROPOSER_CLASS_PATH = "vllm_ptd.vllm_integration.proposer.PTDProposer"
@@ -109,6 +110,7 @@ def make_create_speculative_config(original):
         _refuse_v2_model_runner()
         self.spec_method = None
         ptd = split_speculative_dict(spec, defaults=platform_budget_defaults())
+        refuse(engine_args_refusals(self, target_model_config, target_parallel_config))
         self.speculative_config = {
             "method": "custom_class",
             "model": PROPOSER_CLASS_PATH,
