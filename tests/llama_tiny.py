@@ -1,0 +1,320 @@
+"""A small random-weight Llama-style model in plain PyTorch, on a paged KV cache, driven
+by PTD trees through the project's kernels. No vLLM, no transformers.
+
+Model: token embedding, ``num_layers`` blocks of (RMSNorm, attention with RoPE and GQA,
+RMSNorm, SwiGLU MLP), a final RMSNorm and an untied LM head. Two ways to run it:
+
+* :meth:`TinyLlama.dense_logits`: the whole sequence at once, causal SDPA, no cache;
+  :func:`greedy_dense` decodes greedily with it (the plain-greedy oracle).
+* :class:`PagedTreeRunner`: the engine-style path. K/V live in one buffer carved into
+  per-layer views the way vLLM 0.32 allocates them (``LBNHC`` or ``BLNHC`` order,
+  logical ``[blocks, kv_heads, block_size, 2 * head]``, K/V as the backend's strided
+  split), addressed through a shuffled block table. A forward writes the block's K/V
+  at its slots, then runs ``kernels.tree_attention`` with PTD's packed masks
+  (``kernels.pack_tree_masks``) and tree positions (``prefix + depth``) for RoPE.
+  :meth:`PagedTreeRunner.compact` moves the accepted rows' K/V with
+  ``kernels.compact_kv`` (all layers, one launch) and counts the moves.
+
+:func:`generate_ptd_paged` is PTD's loop (``PTDRequestState.propose`` / ``verify_greedy``
+/ ``observe``, as in ``vllm_ptd/core/driver.py``) over the paged runner, with the argmax
+taken on the device and read back in one transfer per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from kernel_imports import kernels
+
+from vllm_ptd.config import PTDConfig
+from vllm_ptd.core.request_state import PTDRequestState
+from vllm_ptd.core.verify import verify_greedy
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    vocab: int = 96
+    hidden: int = 64
+    num_layers: int = 2
+    q_heads: int = 4
+    kv_heads: int = 2
+    head: int = 16
+    ffn: int = 128
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    seed: int = 0
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on ``[n, heads, head]`` at integer ``positions`` ``[n]``."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+    ang = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)[:, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class TinyLlama:
+    """Random weights (seeded), float32 by default, on ``device``."""
+
+    def __init__(self, cfg: TinyConfig, device: str, dtype: torch.dtype = torch.float32):
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        gen = torch.Generator().manual_seed(cfg.seed)
+
+        def w(*shape: int, scale: float | None = None) -> torch.Tensor:
+            s = scale if scale is not None else shape[-1] ** -0.5
+            return (torch.randn(*shape, generator=gen) * s).to(device, dtype)
+
+        h, hd = cfg.hidden, cfg.head
+        self.embed = w(cfg.vocab, h, scale=1.0)
+        self.layers = []
+        for _ in range(cfg.num_layers):
+            self.layers.append(
+                {
+                    "ln1": (1 + 0.1 * torch.randn(h, generator=gen)).to(device, dtype),
+                    "wq": w(cfg.q_heads * hd, h),
+                    "wk": w(cfg.kv_heads * hd, h),
+                    "wv": w(cfg.kv_heads * hd, h),
+                    "wo": w(h, cfg.q_heads * hd),
+                    "ln2": (1 + 0.1 * torch.randn(h, generator=gen)).to(device, dtype),
+                    "gate": w(cfg.ffn, h),
+                    "up": w(cfg.ffn, h),
+                    "down": w(h, cfg.ffn),
+                }
+            )
+        self.norm = torch.ones(h, device=device, dtype=dtype)
+        self.lm_head = w(cfg.vocab, h, scale=2.0 * h**-0.5)
+
+    def qkv(self, layer: dict, x: torch.Tensor, positions: torch.Tensor):
+        cfg = self.cfg
+        hx = rms_norm(x, layer["ln1"], cfg.eps)
+        q = (hx @ layer["wq"].T).view(-1, cfg.q_heads, cfg.head)
+        k = (hx @ layer["wk"].T).view(-1, cfg.kv_heads, cfg.head)
+        v = (hx @ layer["wv"].T).view(-1, cfg.kv_heads, cfg.head)
+        return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
+
+    def finish_layer(self, layer: dict, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = x + attn.reshape(x.shape[0], -1) @ layer["wo"].T
+        hx = rms_norm(x, layer["ln2"], self.cfg.eps)
+        return x + (F.silu(hx @ layer["gate"].T) * (hx @ layer["up"].T)) @ layer["down"].T
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.norm, self.cfg.eps) @ self.lm_head.T
+
+    @torch.inference_mode()
+    def dense_logits(self, tokens: list[int]) -> torch.Tensor:
+        """Logits ``[n, vocab]`` of a whole sequence: causal SDPA, no cache."""
+        cfg = self.cfg
+        ids = torch.tensor(tokens, device=self.device)
+        pos = torch.arange(len(tokens), device=self.device)
+        x = self.embed[ids]
+        group = cfg.q_heads // cfg.kv_heads
+        for layer in self.layers:
+            q, k, v = self.qkv(layer, x, pos)
+            k = k.repeat_interleave(group, 1)
+            v = v.repeat_interleave(group, 1)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+            )
+            x = self.finish_layer(layer, x, o.transpose(0, 1))
+        return self.logits(x)
+
+
+def greedy_dense(model: TinyLlama, prompt: list[int], max_new: int) -> list[int]:
+    """Plain greedy decoding, the whole sequence recomputed each token."""
+    seq, out = list(prompt), []
+    for _ in range(max_new):
+        tok = int(model.dense_logits(seq)[-1].argmax())
+        seq.append(tok)
+        out.append(tok)
+    return out
+
+
+def carve_kv_buffer(
+    order: str,
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head: int,
+    dtype: torch.dtype,
+    device: str,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One buffer, per-layer (K, V) views as vLLM 0.32's Triton backend sees them."""
+    if order == "LBNHC":
+        raw = torch.zeros(num_layers, num_blocks, block_size, kv_heads, 2 * head)
+        raw = raw.to(device, dtype)
+        views = [raw[i].permute(0, 2, 1, 3) for i in range(num_layers)]
+    elif order == "BLNHC":
+        raw = torch.zeros(num_blocks, num_layers, block_size, kv_heads, 2 * head)
+        raw = raw.to(device, dtype)
+        views = [raw[:, i].permute(0, 2, 1, 3) for i in range(num_layers)]
+    else:
+        raise ValueError(f"unknown KV order {order!r}")
+    kv = [tuple(v.transpose(1, 2).split(head, dim=-1)) for v in views]
+    return raw, kv  # type: ignore[return-value]
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    tree_steps: int = 0  # layouts that are not a chain
+    branching_steps: int = 0  # some node (x included) with two or more children
+    kv_moves: int = 0  # compaction pairs with src != dst
+    compactions: int = 0  # compaction launches (steps with moves)
+    accepted: int = 0
+    max_nodes: int = 0
+    history: list[tuple[int, int]] = field(default_factory=list)  # (nodes, accepted)
+
+
+class PagedTreeRunner:
+    """One request on a paged KV cache; the Triton kernels do attention and compaction."""
+
+    def __init__(
+        self,
+        model: TinyLlama,
+        max_tokens: int,
+        block_size: int = 16,
+        order: str = "LBNHC",
+        seed: int = 0,
+    ):
+        cfg = model.cfg
+        self.model, self.block_size = model, block_size
+        num_blocks = -(-max_tokens // block_size) + 2
+        self.raw, self.kv = carve_kv_buffer(
+            order,
+            cfg.num_layers,
+            num_blocks,
+            block_size,
+            cfg.kv_heads,
+            cfg.head,
+            model.dtype,
+            model.device,
+        )
+        gen = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+        self.block_table = perm[None, :].to(model.device)  # shuffled: blocks scattered
+        self.blocks = perm.tolist()
+        self.length = 0  # tokens with K/V in the cache
+        self.counters = Counters()
+
+    def slots(self, start: int, n: int) -> torch.Tensor:
+        t = torch.arange(start, start + n)
+        blocks = torch.tensor(self.blocks)[t // self.block_size]
+        return (blocks * self.block_size + t % self.block_size).to(torch.int64)
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, parents: list[int] | None
+    ) -> torch.Tensor:
+        """Append a block (its K/V written at the next slots) and return its logits
+        ``[n, vocab]`` on the device. ``parents`` None: a causal block (prefill)."""
+        model, cfg = self.model, self.model.cfg
+        dev = model.device
+        n = int(tokens.shape[0])
+        tokens, positions = tokens.to(dev), positions.to(dev)
+        slots = self.slots(self.length, n).to(dev)
+        blk, off = slots // self.block_size, slots % self.block_size
+        if parents is None:
+            mask_bits, words = kernels.pack_tree_masks([kernels.chain_parents(n)], dev)
+        else:
+            mask_bits, words = kernels.pack_tree_masks([parents], dev)
+        seq_lens = torch.tensor([self.length + n], dtype=torch.int32, device=dev)
+        qsl = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        is_tree = torch.tensor([0 if parents is None else 1], dtype=torch.int32, device=dev)
+        x = model.embed[tokens]
+        for layer, (key_cache, value_cache) in zip(model.layers, self.kv):
+            q, k, v = model.qkv(layer, x, positions)
+            key_cache[blk, off] = k
+            value_cache[blk, off] = v
+            out = torch.empty_like(q)
+            kernels.tree_attention(
+                q,
+                key_cache,
+                value_cache,
+                self.block_table,
+                seq_lens,
+                qsl,
+                mask_bits,
+                words,
+                cfg.head**-0.5,
+                out,
+                max_query_len=n,
+                is_tree=is_tree,
+            )
+            x = model.finish_layer(layer, x, out)
+        self.length += n
+        return model.logits(x)
+
+    def compact(self, num_new: int, keep: list[int]) -> int:
+        """Keep block rows ``keep`` (increasing, ``keep[0] == 0``) of the last ``num_new``
+        tokens, moved to the front of the block; returns the number of moved rows."""
+        past = self.length - num_new
+        pairs = [(past + k, past + j) for j, k in enumerate(keep) if k != j]
+        if pairs:
+            src = self.slots(0, self.length)[[s for s, _ in pairs]]
+            dst = self.slots(0, self.length)[[d for _, d in pairs]]
+            dev = self.model.device
+            kernels.compact_kv(self.kv, src.to(dev), dst.to(dev), layout="cuda", validate=True)
+            self.counters.compactions += 1
+            self.counters.kv_moves += len(pairs)
+        self.length = past + len(keep)
+        return len(pairs)
+
+
+def generate_ptd_paged(
+    runner: PagedTreeRunner, prompt: list[int], max_new: int, config: PTDConfig
+) -> list[int]:
+    """PTD greedy generation for one request over the paged runner."""
+    c = runner.counters
+    state = PTDRequestState(config, prompt, frozenset())
+    n0 = len(prompt) - 1
+    if n0:
+        runner.forward(torch.tensor(prompt[:-1]), torch.arange(n0), None)
+    x, p, out, committed = prompt[-1], n0, [], []
+    while len(out) < max_new:
+        layout = state.propose(x, committed=committed)
+        n = len(layout)
+        parents = [int(v) for v in layout.parents]
+        logits = runner.forward(
+            torch.from_numpy(layout.tokens),
+            torch.from_numpy(p + layout.depths.astype(np.int64)),  # tree positions
+            parents,
+        )
+        argmax = logits.argmax(-1).cpu().numpy()  # argmax on the device, one transfer
+        res = verify_greedy(layout, argmax, frozenset(), max_new - len(out))
+        runner.compact(n, [0, *res.accepted])
+        state.observe(layout, argmax, res)
+        c.steps += 1
+        c.tree_steps += not layout.is_chain
+        children = np.bincount(layout.parents[1:] + 1, minlength=n + 1)
+        c.branching_steps += bool((children[1:] > 1).any())  # a row with 2+ children
+        c.accepted += len(res.accepted)
+        c.max_nodes = max(c.max_nodes, n)
+        c.history.append((n, len(res.accepted)))
+        out.extend(res.tokens)
+        p += 1 + len(res.accepted)
+        x, committed = res.bonus, res.tokens
+    return out
+
+
+def greedy_paged(runner: PagedTreeRunner, prompt: list[int], max_new: int) -> list[int]:
+    """Plain greedy decoding on the paged runner (one-token blocks)."""
+    n0 = len(prompt) - 1
+    if n0:
+        runner.forward(torch.tensor(prompt[:-1]), torch.arange(n0), None)
+    x, out = prompt[-1], []
+    for i in range(max_new):
+        logits = runner.forward(torch.tensor([x]), torch.tensor([n0 + i]), [-1])
+        x = int(logits[-1].argmax())
+        out.append(x)
+    return out
