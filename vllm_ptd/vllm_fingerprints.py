@@ -107,6 +107,16 @@ def fingerprints_of_tree(root: str | Path) -> dict[str, str | None]:
     return out
 
 
+def file_digests(root: str | Path) -> dict[str, str | None]:
+    """sha256 of each file holding a target, by module: equal digests mean equal
+    fingerprints, and hashing bytes is ~50x faster than parsing (a fast path at load)."""
+    out: dict[str, str | None] = {}
+    for module in sorted({module for module, _ in TARGETS}):
+        path = module_file(root, module)
+        out[module] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return out
+
+
 def installed_vllm_root() -> Path | None:
     """The folder above the installed `vllm` package (found without importing it)."""
     spec = importlib.util.find_spec("vllm")
@@ -115,6 +125,16 @@ def installed_vllm_root() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
+@cache
+def _recorded_file() -> dict:
+    return json.loads(RECORDED_FILE.read_text(encoding="utf-8"))
+
+
 def recorded() -> dict[str, dict[str, str | None]]:
     """{vLLM version: {target: fingerprint}} recorded from released sources."""
-    return json.loads(RECORDED_FILE.read_text(encoding="utf-8"))["versions"]
+    return _recorded_file()["versions"]
+
+
+def recorded_file_digests() -> dict[str, dict[str, str | None]]:
+    """{vLLM version: {module: sha256 of its file}} recorded with the fingerprints."""
+    return _recorded_file().get("files", {})
