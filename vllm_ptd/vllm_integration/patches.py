@@ -10,7 +10,13 @@ returns straight to vLLM's function for engines that do not run PTD.
 from __future__ import annotations
 
 from vllm_ptd.patching import Patch, apply_together
-from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config, tenants
+from vllm_ptd.vllm_integration import (
+    metrics,
+    runner_patches,
+    sampling_patches,
+    spec_config,
+    tenants,
+)
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"  # CPUModelRunner subclasses GPUModelRunner
 
@@ -69,8 +75,8 @@ ALL_PATCHES: list[Patch] = [
     Patch(
         module="vllm.v1.core.sched.scheduler",
         owner="Scheduler",
-        attr="schedule",
-        make=tenants.make_schedule,
+        attr="_update_after_schedule",
+        make=tenants.make_update_after_schedule,
         why="carry each new request's cache_salt to the workers (on its NewRequestData): "
             "shared outputs are kept apart per salt",
     ),
@@ -81,6 +87,43 @@ ALL_PATCHES: list[Patch] = [
         make=tenants.make_execute_model,
         why="put the cache_salt on the runner's CachedRequestState, where the proposer "
             "picks the request's own tenant of shared outputs",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="sample_tokens",
+        make=metrics.make_sample_tokens,
+        why="metrics: the step's tree depths and PTD's counters ride on ModelRunnerOutput",
+    ),
+    Patch(
+        module="vllm.v1.core.sched.scheduler",
+        owner="Scheduler",
+        attr="update_from_output",
+        make=metrics.make_update_from_output,
+        why="metrics: PTD's counters ride in the step's SchedulerStats to the front end",
+    ),
+    Patch(
+        module="vllm.v1.core.sched.scheduler",
+        owner="Scheduler",
+        attr="make_spec_decoding_stats",
+        make=metrics.make_make_spec_decoding_stats,
+        why="metrics: a tree's draft tokens are the rows on its longest path (its depth), "
+            "not all its rows, so vLLM's acceptance rate reads right for trees",
+    ),
+    Patch(
+        module="vllm.v1.metrics.loggers",
+        owner="StatLoggerManager",
+        attr="__init__",
+        make=metrics.make_manager_init,
+        why="metrics: create PTD's Prometheus metrics next to vLLM's in PTD front ends",
+    ),
+    Patch(
+        module="vllm.v1.metrics.loggers",
+        owner="StatLoggerManager",
+        attr="record",
+        make=metrics.make_manager_record,
+        why="metrics: take PTD's counters out of the stats before vLLM's loggers see them; "
+            "update PTD's Prometheus metrics",
     ),
 ]
 

@@ -5,8 +5,10 @@ per-request isolation key for its prefix cache. vLLM 0.32 keeps the salt on the 
 `Request` only: neither `NewRequestData` (what the scheduler sends the workers) nor the
 runner's `CachedRequestState` carries it. Two wrappers bring it across, in PTD engines only:
 
-1. `Scheduler.schedule`: each new request's `NewRequestData` gets a `cache_salt` attribute
-   (a plain dataclass: the attribute travels with it, in process or pickled to workers);
+1. `Scheduler._update_after_schedule` (the end of `Scheduler.schedule`, before the step's
+   `SchedulerOutput` goes to the workers): each new request's `NewRequestData` gets a
+   `cache_salt` attribute (a plain dataclass: the attribute travels with it, in process or
+   pickled to worker processes);
 2. `GPUModelRunner.execute_model`: after vLLM made the runner's `CachedRequestState` of a new
    request, the salt is copied onto it, where `PTDProposer` reads it (`_shared_view`). The
    runner keeps that state until the request finishes (preemption and resumption included),
@@ -27,19 +29,18 @@ def _is_ptd_scheduler(scheduler) -> bool:
     return flag
 
 
-def make_schedule(original):
-    def schedule(self, *args, **kwargs):
+def make_update_after_schedule(original):
+    def _update_after_schedule(self, scheduler_output, *args, **kwargs):
         if not _is_ptd_scheduler(self):
-            return original(self, *args, **kwargs)
-        output = original(self, *args, **kwargs)
-        for new in output.scheduled_new_reqs:
-            request = self.requests.get(new.req_id)
-            salt = getattr(request, "cache_salt", None)
+            return original(self, scheduler_output, *args, **kwargs)
+        result = original(self, scheduler_output, *args, **kwargs)
+        for new in scheduler_output.scheduled_new_reqs:
+            salt = getattr(self.requests.get(new.req_id), "cache_salt", None)
             if salt is not None:
                 new.cache_salt = salt
-        return output
+        return result
 
-    return schedule
+    return _update_after_schedule
 
 
 def make_execute_model(original):
