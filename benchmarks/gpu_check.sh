@@ -34,7 +34,7 @@ START=$(date +%s)
 
 {
   date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.memory \
     --format=csv 2>&1 || true
   "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'cuda',
 torch.version.cuda, 'available', torch.cuda.is_available()); print('triton', triton.__version__)"

@@ -4,7 +4,8 @@ by PTD trees through the project's kernels. No vLLM, no transformers.
 Model: token embedding, ``num_layers`` blocks of (RMSNorm, attention with RoPE and GQA,
 RMSNorm, SwiGLU MLP), a final RMSNorm and an untied LM head. Two ways to run it:
 
-* :meth:`TinyLlama.dense_logits`: the whole sequence at once, causal SDPA, no cache;
+* :meth:`TinyLlama.dense_logits`: the whole sequence at once, causal softmax attention
+  in plain matmuls, no cache;
   :func:`greedy_dense` decodes greedily with it (the plain-greedy oracle).
 * :class:`PagedTreeRunner`: the engine-style path. K/V live in one buffer carved into
   per-layer views the way vLLM 0.32 allocates them (``LBNHC`` or ``BLNHC`` order,
@@ -112,20 +113,24 @@ class TinyLlama:
 
     @torch.inference_mode()
     def dense_logits(self, tokens: list[int]) -> torch.Tensor:
-        """Logits ``[n, vocab]`` of a whole sequence: causal SDPA, no cache."""
+        """Logits ``[n, vocab]`` of a whole sequence: causal attention, no cache."""
         cfg = self.cfg
         ids = torch.tensor(tokens, device=self.device)
         pos = torch.arange(len(tokens), device=self.device)
         x = self.embed[ids]
         group = cfg.q_heads // cfg.kv_heads
+        n = len(tokens)
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         for layer in self.layers:
             q, k, v = self.qkv(layer, x, pos)
             k = k.repeat_interleave(group, 1)
             v = v.repeat_interleave(group, 1)
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
-            )
-            x = self.finish_layer(layer, x, o.transpose(0, 1))
+            # Plain matmul softmax attention (no fused SDPA kernel whose fp32 path
+            # might use other precisions on a GPU).
+            scores = torch.einsum("qhd,khd->hqk", q, k) * cfg.head**-0.5
+            scores = scores.masked_fill(~causal, float("-inf"))
+            o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+            x = self.finish_layer(layer, x, o)
         return self.logits(x)
 
 

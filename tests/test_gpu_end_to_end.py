@@ -8,7 +8,7 @@ positions, packed masks (``kernels.pack_tree_masks``), the Triton tree-attention
 over the paged cache, a device argmax, and the Triton KV compaction of accepted rows.
 
 Asserted: the generated tokens equal plain greedy decoding of the same model (whole
-sequence recomputed with causal SDPA, no cache) and plain greedy on the paged path;
+sequence recomputed with causal attention in plain matmuls, no cache) and plain greedy on the paged path;
 branching trees ran, tokens were accepted and K/V rows moved; skipping the moves
 changes the output (the compaction is load-bearing). Compiled on a GPU with a larger
 model; through Triton's interpreter on CPU with a tiny one.
