@@ -126,3 +126,48 @@ def test_tree_depth_replaces_row_count_in_vllms_spec_decode_stats():
     assert stats.num_draft_tokens_per_pos[:6] == [2, 2, 2, 2, 1, 0]
     plain = SimpleNamespace()                                 # a scheduler without PTD
     assert wrapped(plain, None, 15, 3, None, "tree").num_draft_tokens == 15
+
+
+class _Untouchable:
+    """A plain engine's object (runner, scheduler, stat logger manager, runner output) that
+    fails the test on any attribute write."""
+
+    def __init__(self, **attrs) -> None:
+        for name, value in attrs.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"a PTD wrapper wrote .{name} in a plain engine")
+
+
+def _recorder():
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "vllm's result"
+
+    return original, calls
+
+
+@pytest.mark.parametrize("drafter", [None, "an ngram proposer"])
+def test_metric_wrappers_return_straight_to_vllm_for_plain_engines(drafter):
+    from vllm_ptd.vllm_integration import tenants
+
+    plain_config = SimpleNamespace(speculative_config=None)
+    cases = [
+        (metrics.make_sample_tokens, _Untouchable(drafter=drafter), ("grammar",)),
+        (tenants.make_execute_model, _Untouchable(drafter=drafter), ("scheduler_output",)),
+        (tenants.make_update_after_schedule, _Untouchable(vllm_config=plain_config),
+         ("scheduler_output",)),
+        (metrics.make_update_from_output, _Untouchable(), ("scheduler_output",
+                                                           _Untouchable())),
+        (metrics.make_make_spec_decoding_stats, _Untouchable(), (None, 15, 3, None, "r")),
+        (metrics.make_manager_init, _Untouchable(), (plain_config,)),
+        (metrics.make_manager_record, _Untouchable(), (_Untouchable(kv_connector_stats=None),
+                                                       None)),
+    ]
+    for make, owner, args in cases:
+        original, calls = _recorder()
+        assert make(original)(owner, *args) == "vllm's result", make
+        assert calls == [((owner, *args), {})], make

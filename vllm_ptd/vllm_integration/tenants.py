@@ -17,16 +17,12 @@ runner's `CachedRequestState` carries it. Two wrappers bring it across, in PTD e
 
 from __future__ import annotations
 
-from vllm_ptd.vllm_integration.spec_config import ptd_config_of
-
 
 def _is_ptd_scheduler(scheduler) -> bool:
-    flag = getattr(scheduler, "_vllm_ptd_on", None)
-    if flag is None:
-        config = getattr(scheduler, "vllm_config", None)
-        flag = ptd_config_of(getattr(config, "speculative_config", None)) is not None
-        scheduler._vllm_ptd_on = flag
-    return flag
+    """Whether this scheduler's engine runs PTD (read only: nothing is written on a plain
+    engine's scheduler; the PTD config itself is parsed by `ptd_config_of` elsewhere)."""
+    spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
+    return getattr(spec, "ptd", None) is not None
 
 
 def make_update_after_schedule(original):
