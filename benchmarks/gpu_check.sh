@@ -5,12 +5,13 @@
 #
 #   bash benchmarks/gpu_check.sh
 #
-# Steps (each under its own timeout; whole run < 8 min on one H100/H200):
+# Steps (each under its own timeout: 240 + 75 + 120 s at most; < 8 min on one H100/H200):
 #   1. env.txt      GPU, driver, torch, triton, whether vLLM / vllm_ptd.kernels import
 #   2. pytest.log   the kernel tests compiled for the GPU, with `import vllm` blocked
 #                   (benchmarks/pytest_without_vllm.py): tree attention, KV compaction,
-#                   vLLM-style K/V views, bench helpers, the end-to-end PTD check on a
-#                   random Llama-style model; vLLM-only modules skip with the reason.
+#                   vLLM-style K/V views, imports without vLLM, bench helpers, the
+#                   end-to-end PTD check on a random Llama-style model (its counters
+#                   go to the summary); vLLM-only modules skip with the reason.
 #                   Also pytest.xml (JUnit).
 #   3. timings.log / timings.csv   tree kernel vs SDPA (explicit mask), device vs host
 #                   argmax at vocab 152k (benchmarks/gpu_timings.py): numbers only.
@@ -62,12 +63,13 @@ TEST_FILES=(
   tests/test_kernels_tree_attention.py
   tests/test_kernels_kv_compaction.py
   tests/test_kernels_vllm_views.py
+  tests/test_kernels_no_vllm.py
   tests/test_kernels_bench.py
   tests/test_kernels_tree_backend.py
   tests/test_tree_metadata_packing.py
   tests/test_gpu_end_to_end.py
 )
-TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-270}
+TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-240}
 [ "$MODE" = gpu ] || TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-1500}
 summary=()
 status=0
@@ -82,9 +84,11 @@ line=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+
 [ "$rc" = 124 ] && line="timed out after ${TEST_TIMEOUT}s; $line"
 if [ "$rc" = 0 ]; then res=PASS; else res=FAIL; status=1; fi
 summary+=("tests    $res  ${line:-no pytest summary line (see pytest.log)} [$(( $(date +%s) - t0 ))s]")
+while IFS= read -r e2e; do summary+=("  e2e    $e2e"); done \
+  < <(grep -E "^(LBNHC|BLNHC): [0-9]+ steps" "$OUT_DIR/pytest.log")
 
 t0=$(date +%s)
-timeout "${GPU_CHECK_TIMINGS_TIMEOUT:-90}" "$PYTHON" benchmarks/gpu_timings.py --allow-cpu \
+timeout "${GPU_CHECK_TIMINGS_TIMEOUT:-75}" "$PYTHON" benchmarks/gpu_timings.py --allow-cpu \
   --csv "$OUT_DIR/timings.csv" >"$OUT_DIR/timings.log" 2>&1
 rc=$?
 cat "$OUT_DIR/timings.log"
@@ -93,7 +97,7 @@ summary+=("timings  $res  timings.csv [$(( $(date +%s) - t0 ))s]")
 
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ "$MODE" = gpu ]; then
   t0=$(date +%s)
-  timeout "${GPU_CHECK_BENCH_TIMEOUT:-150}" "$PYTHON" benchmarks/bench_kernels.py --quick \
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-120}" "$PYTHON" benchmarks/bench_kernels.py --quick \
     --csv "$OUT_DIR/bench.csv" >"$OUT_DIR/bench.log" 2>&1
   rc=$?
   cat "$OUT_DIR/bench.log"
