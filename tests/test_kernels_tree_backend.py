@@ -21,9 +21,7 @@ if DEVICE == "cpu":
     # Before the first Triton import (tests/conftest.py does the same for whole runs).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip(
-    "vllm", reason="the tree backend subclasses vLLM's Triton backend; needs vLLM"
-)
+pytest.importorskip("vllm", reason="the tree backend subclasses vLLM's Triton backend; needs vLLM")
 from vllm.config import CUDAGraphMode
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
