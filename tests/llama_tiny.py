@@ -134,11 +134,19 @@ class TinyLlama:
         return self.logits(x)
 
 
-def greedy_dense(model: TinyLlama, prompt: list[int], max_new: int) -> list[int]:
-    """Plain greedy decoding, the whole sequence recomputed each token."""
+def greedy_dense(
+    model: TinyLlama, prompt: list[int], max_new: int, margins: list[float] | None = None
+) -> list[int]:
+    """Plain greedy decoding, the whole sequence recomputed each token. ``margins``, if
+    given, receives each step's gap between the best and second-best logit (a gap near
+    float32 rounding would make any other kernel's argmax a coin flip)."""
     seq, out = list(prompt), []
     for _ in range(max_new):
-        tok = int(model.dense_logits(seq)[-1].argmax())
+        logits = model.dense_logits(seq)[-1]
+        if margins is not None:
+            top2 = logits.topk(2).values
+            margins.append(float(top2[0] - top2[1]))
+        tok = int(logits.argmax())
         seq.append(tok)
         out.append(tok)
     return out
