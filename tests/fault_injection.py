@@ -18,10 +18,13 @@ Stages (what raises, and where PTD must catch it):
   `PTDProposer.fall_back`, dropping the request's state (`forget`) raises. Needs a fault at
   another stage to bring a request to its fallback.
 
+Per-request stages ("propose", "layout", "verify") can be aimed at greedy or at sampled
+requests only (`where`); the per-step ones hit every request concerned.
+
 Offline: `llm.collective_rpc(partial(inject_faults, stage="verify", count=3))`; counters
-with `llm.collective_rpc(fault_counts)`. From `vllm serve`: start it with
-`--worker-extension-cls fault_injection.PTDFaultExtension`, `VLLM_SERVER_DEV_MODE=1` and this
-directory on PYTHONPATH, then `POST /collective_rpc` with
+with `llm.collective_rpc(fault_counts)` (keyed "stage" or "stage:where"). From `vllm serve`:
+start it with `--worker-extension-cls fault_injection.PTDFaultExtension`,
+`VLLM_SERVER_DEV_MODE=1` and this directory on PYTHONPATH, then `POST /collective_rpc` with
 `{"method": "ptd_inject_faults", "args": ["verify", "3"]}` or `{"method": "ptd_fault_counts"}`.
 """
 
@@ -34,6 +37,8 @@ import cloudpickle
 from vllm_ptd.vllm_integration.introspection import PTDWorkerExtension
 
 STAGES = ("propose", "layout", "attention", "verify", "compaction", "fallback")
+PER_REQUEST = ("propose", "layout", "verify")
+WHERE = (None, "greedy", "sampled")
 
 # Functions of this module travel to the engine process by value (`collective_rpc` pickles
 # them), so the engine need not be able to import this test directory.
@@ -44,13 +49,25 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def _take(state: dict | None, stage: str) -> bool:
-    """Whether this call of `stage` fails (and counts it)."""
-    if state is None or state["left"].get(stage, 0) <= 0:
+def _take(state: dict | None, stage: str, params=None) -> bool:
+    """Whether this call of `stage` fails (and counts it); `params`: the request's sampling
+    params, for faults aimed at greedy or sampled requests."""
+    if state is None:
         return False
-    state["left"][stage] -= 1
-    state["fired"][stage] = state["fired"].get(stage, 0) + 1
-    return True
+    keys = [stage]
+    if params is not None:
+        keys.append(f"{stage}:{'greedy' if params.temperature < 1e-5 else 'sampled'}")
+    for key in keys:
+        if state["left"].get(key, 0) > 0:
+            state["left"][key] -= 1
+            state["fired"][key] = state["fired"].get(key, 0) + 1
+            return True
+    return False
+
+
+def _params(runner, req_id):
+    req = getattr(runner, "requests", {}).get(req_id)
+    return None if req is None else req.sampling_params
 
 
 def _state_of(runner) -> dict | None:
@@ -70,10 +87,10 @@ def _install(drafter) -> dict:
 
     propose_one = drafter._propose_one
 
-    def _propose_one(*args, **kwargs):
-        if _take(state, "propose"):
+    def _propose_one(req_id, req_state, *args, **kwargs):
+        if _take(state, "propose", req_state.sampling_params):
             raise InjectedFault("propose")
-        return propose_one(*args, **kwargs)
+        return propose_one(req_id, req_state, *args, **kwargs)
 
     drafter._propose_one = _propose_one
 
@@ -98,19 +115,19 @@ def _install(drafter) -> dict:
         plan_tree, tree_metadata = rp._plan_tree, rp._tree_metadata
         verify_tree, compact = rp._verify_tree, rp.compact_accepted_kv
 
-        def _plan_tree(runner, *args, **kwargs):
-            if _take(_state_of(runner), "layout"):
+        def _plan_tree(runner, req_id, *args, **kwargs):
+            if _take(_state_of(runner), "layout", _params(runner, req_id)):
                 raise InjectedFault("layout")
-            return plan_tree(runner, *args, **kwargs)
+            return plan_tree(runner, req_id, *args, **kwargs)
 
         def _tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors):
             if _take(getattr(kv_mirrors, "_test_faults", None), "attention"):
                 raise InjectedFault("attention")
             return tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors)
 
-        def _verify_tree(runner, *args, **kwargs):
-            result = verify_tree(runner, *args, **kwargs)
-            if _take(_state_of(runner), "verify"):
+        def _verify_tree(runner, req_id, *args, **kwargs):
+            result = verify_tree(runner, req_id, *args, **kwargs)
+            if _take(_state_of(runner), "verify", _params(runner, req_id)):
                 raise InjectedFault("verify")
             return result
 
@@ -136,15 +153,17 @@ def _drafter(worker):
     return drafter if isinstance(drafter, PTDProposer) else None
 
 
-def inject_faults(worker, stage: str, count: int = 1) -> bool:
-    """Runs inside each worker: the next `count` calls of `stage` raise (added to any left)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; one of {STAGES}")
+def inject_faults(worker, stage: str, count: int = 1, where: str | None = None) -> bool:
+    """Runs inside each worker: the next `count` calls of `stage` raise (added to any left);
+    `where` ("greedy" or "sampled", per-request stages only): for such requests only."""
+    if stage not in STAGES or where not in WHERE or (where and stage not in PER_REQUEST):
+        raise ValueError(f"unknown fault {stage!r}/{where!r}")
     drafter = _drafter(worker)
     if drafter is None:
         return False
     state = _install(drafter)
-    state["left"][stage] = state["left"].get(stage, 0) + int(count)
+    key = stage if where is None else f"{stage}:{where}"
+    state["left"][key] = state["left"].get(key, 0) + int(count)
     return True
 
 
@@ -170,8 +189,8 @@ class PTDFaultExtension(PTDWorkerExtension):
     """`--worker-extension-cls` for servers under test: PTD's snapshot plus fault injection
     by method name (vLLM's dev endpoint passes string arguments only)."""
 
-    def ptd_inject_faults(self, stage: str, count: str = "1") -> bool:
-        return inject_faults(self, stage, int(count))
+    def ptd_inject_faults(self, stage: str, count: str = "1", where: str = "") -> bool:
+        return inject_faults(self, stage, int(count), where or None)
 
     def ptd_fault_counts(self) -> dict | None:
         return fault_counts(self)

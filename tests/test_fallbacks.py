@@ -79,11 +79,14 @@ def ptd_llm():
 
 
 def _faulted_run(llm, faults: dict[str, int]) -> tuple[dict, dict, dict]:
-    """Outputs, snapshot delta and the faults that fired, for one batch with `faults`."""
+    """Outputs, snapshot delta and the faults that fired, for one batch with `faults`
+    (keyed "stage", or "stage:greedy" / "stage:sampled" for faults aimed at those only)."""
     assert llm.collective_rpc(clear_faults) == [True]
     before, fired_before = snapshot(llm), llm.collective_rpc(fault_counts)[0]["fired"]
-    for stage, count in faults.items():
-        assert llm.collective_rpc(partial(inject_faults, stage=stage, count=count)) == [True]
+    for key, count in faults.items():
+        stage, _, where = key.partition(":")
+        assert llm.collective_rpc(partial(inject_faults, stage=stage, count=count,
+                                          where=where or None)) == [True]
     got = _run(llm)
     after, fired_after = snapshot(llm), llm.collective_rpc(fault_counts)[0]["fired"]
     delta = {k: after[k] - before[k] for k in ("fallbacks", "drafted_steps", "kv_moves",
@@ -105,16 +108,19 @@ def test_without_faults_the_batch_equals_plain_and_exercises_every_stage(ptd_llm
     assert delta["drafted_steps"] > 0 and delta["masked_blocks"] > 0 and delta["kv_moves"] > 0
 
 
-# Per-request stages fail for `count` requests; per-step stages ("attention", "compaction")
-# for every request with a masked tree / with KV moves in `count` steps.
-@pytest.mark.parametrize("stage,count", [("propose", 4), ("layout", 4), ("attention", 2),
-                                         ("verify", 6), ("compaction", 2)])
+# Per-request stages fail for `count` greedy and `count` sampled requests (seeded: a
+# fallback must draw exactly what plain decoding draws); per-step stages ("attention",
+# "compaction") for every request with a masked tree / with KV moves in `count` steps.
+@pytest.mark.parametrize("stage,count", [("propose", 2), ("layout", 2), ("attention", 2),
+                                         ("verify", 3), ("compaction", 2)])
 def test_a_fault_at_each_stage_falls_back_to_exactly_plain_decoding(stage, count, ptd_llm,
                                                                     plain_outputs):
-    got, delta, fired = _faulted_run(ptd_llm, {stage: count})
-    assert fired[stage] == count, fired
+    faults = ({f"{stage}:greedy": count, f"{stage}:sampled": count}
+              if stage in ("propose", "layout", "verify") else {stage: count})
+    got, delta, fired = _faulted_run(ptd_llm, faults)
+    assert fired == faults
     assert _differ(got, plain_outputs) == []
-    assert delta["fallbacks"] >= count
+    assert delta["fallbacks"] >= sum(faults.values())
     assert delta["drafted_steps"] > 0   # the requests left alone kept drafting
     assert settled_live_states(ptd_llm) == 0
 
@@ -123,8 +129,9 @@ def test_a_failing_fallback_bookkeeping_still_serves_plain_output(ptd_llm, plain
     """Dropping the request's state fails inside the fallback itself (after verification and
     setup faults): the request is still blocked and served plainly, its state released when
     it ends."""
-    got, delta, fired = _faulted_run(ptd_llm, {"verify": 3, "layout": 2, "fallback": 4})
-    assert fired == {"verify": 3, "layout": 2, "fallback": 4}
+    faults = {"verify:sampled": 3, "layout:sampled": 2, "fallback": 4}
+    got, delta, fired = _faulted_run(ptd_llm, faults)
+    assert fired == faults
     assert _differ(got, plain_outputs) == []
     assert delta["fallbacks"] == 5
     assert settled_live_states(ptd_llm) == 0
@@ -132,7 +139,8 @@ def test_a_failing_fallback_bookkeeping_still_serves_plain_output(ptd_llm, plain
 
 def test_faults_at_several_stages_at_once(ptd_llm, plain_outputs):
     # Not "attention": it fails every masked tree of its step, leaving the others no trees.
-    faults = {"propose": 2, "layout": 2, "verify": 2, "compaction": 1, "fallback": 2}
+    faults = {"propose:sampled": 1, "layout:sampled": 1, "verify": 2, "verify:sampled": 2,
+              "compaction": 1, "fallback": 2}
     got, delta, fired = _faulted_run(ptd_llm, faults)
     assert _differ(got, plain_outputs) == []
     assert fired == faults
