@@ -331,3 +331,180 @@ def greedy_paged(runner: PagedTreeRunner, prompt: list[int], max_new: int) -> li
         x = int(logits[-1].argmax())
         out.append(x)
     return out
+
+
+class PagedBatchRunner:
+    """Several requests on one paged cache, each step one launch per layer for the whole
+    batch (rows of request r at ``query_start_loc[r]``), as in an engine step; tree and
+    plain (causal, ``is_tree == 0``) requests mixed. Compaction of every request's
+    accepted rows in one ``compact_kv`` call, one pair group per request."""
+
+    def __init__(
+        self,
+        model: TinyLlama,
+        num_reqs: int,
+        max_tokens: int,
+        block_size: int = 16,
+        order: str = "BLNHC",
+        seed: int = 0,
+    ):
+        cfg = model.cfg
+        self.model, self.block_size, self.num_reqs = model, block_size, num_reqs
+        per_req = -(-max_tokens // block_size)
+        num_blocks = num_reqs * per_req + 1
+        self.raw, self.kv = carve_kv_buffer(
+            order,
+            cfg.num_layers,
+            num_blocks,
+            block_size,
+            cfg.kv_heads,
+            cfg.head,
+            model.dtype,
+            model.device,
+        )
+        gen = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(num_blocks, generator=gen)[: num_reqs * per_req]
+        self.tables = perm.view(num_reqs, per_req).to(torch.int32)  # interleaved owners
+        self.block_table = self.tables.to(model.device)
+        self.lengths = [0] * num_reqs
+        self.counters = Counters()
+
+    def slots(self, r: int, start: int, n: int) -> torch.Tensor:
+        t = torch.arange(start, start + n)
+        blocks = self.tables[r].long()[t // self.block_size]
+        return blocks * self.block_size + t % self.block_size
+
+    @torch.inference_mode()
+    def forward(self, blocks: list[tuple[torch.Tensor, torch.Tensor, list[int] | None]]):
+        """``blocks[r] = (tokens, positions, parents or None)`` for every request (an empty
+        block is not allowed). Returns per-request logits on the device."""
+        model, cfg = self.model, self.model.cfg
+        dev = model.device
+        lens = [int(tok.shape[0]) for tok, _, _ in blocks]
+        tokens = torch.cat([tok for tok, _, _ in blocks]).to(dev)
+        positions = torch.cat([pos for _, pos, _ in blocks]).to(dev)
+        slots = torch.cat([self.slots(r, self.lengths[r], n) for r, n in enumerate(lens)])
+        slots = slots.to(dev)
+        blk, off = slots // self.block_size, slots % self.block_size
+        parents = [
+            p if p is not None else kernels.chain_parents(n) for (_, _, p), n in zip(blocks, lens)
+        ]
+        mask_bits, words = kernels.pack_tree_masks(parents, dev)
+        is_tree = torch.tensor([p is not None for _, _, p in blocks], dtype=torch.int32, device=dev)
+        seq_lens = torch.tensor(
+            [self.lengths[r] + n for r, n in enumerate(lens)], dtype=torch.int32, device=dev
+        )
+        qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device=dev)
+        x = model.embed[tokens]
+        for layer, (key_cache, value_cache) in zip(model.layers, self.kv):
+            q, k, v = model.qkv(layer, x, positions)
+            key_cache[blk, off] = k
+            value_cache[blk, off] = v
+            out = torch.empty_like(q)
+            kernels.tree_attention(
+                q,
+                key_cache,
+                value_cache,
+                self.block_table,
+                seq_lens,
+                qsl,
+                mask_bits,
+                words,
+                cfg.head**-0.5,
+                out,
+                max_query_len=max(lens),
+                is_tree=is_tree,
+            )
+            x = model.finish_layer(layer, x, out)
+        for r, n in enumerate(lens):
+            self.lengths[r] += n
+        logits = model.logits(x)
+        return list(logits.split(lens))
+
+    def compact(self, keeps: list[tuple[int, list[int]]]) -> None:
+        """``keeps[r] = (num_new, keep)`` per request; one launch for all requests."""
+        src, dst, starts = [], [], [0]
+        for r, (num_new, keep) in enumerate(keeps):
+            past = self.lengths[r] - num_new
+            pairs = [(past + k, past + j) for j, k in enumerate(keep) if k != j]
+            if pairs:
+                table = self.slots(r, 0, self.lengths[r])
+                src += table[[s for s, _ in pairs]].tolist()
+                dst += table[[d for _, d in pairs]].tolist()
+            starts.append(len(src))
+            self.lengths[r] = past + len(keep)
+        if src:
+            dev = self.model.device
+            as_long = {"dtype": torch.int64, "device": dev}
+            kernels.compact_kv(
+                self.kv,
+                torch.tensor(src, **as_long),
+                torch.tensor(dst, **as_long),
+                torch.tensor(starts, **as_long),
+                layout="cuda",
+                validate=True,
+            )
+            self.counters.compactions += 1
+            self.counters.kv_moves += len(src)
+
+
+def generate_batch_paged(
+    runner: PagedBatchRunner,
+    prompts: list[list[int]],
+    ptd: list[bool],
+    max_new: int,
+    config: PTDConfig,
+) -> list[list[int]]:
+    """Requests step together: ``ptd[r]`` drafts trees, the others decode plainly (one
+    causal token a step, as plain rows of a PTD step). All prefills run as one batch."""
+    c = runner.counters
+    n0 = [len(p) - 1 for p in prompts]
+    assert all(n0), "prompts need two tokens at least"
+    runner.forward([(torch.tensor(p[:-1]), torch.arange(n), None) for p, n in zip(prompts, n0)])
+    states = [PTDRequestState(config, p, frozenset()) if d else None for p, d in zip(prompts, ptd)]
+    xs = [p[-1] for p in prompts]
+    pos = list(n0)
+    outs: list[list[int]] = [[] for _ in prompts]
+    committed: list[list[int]] = [[] for _ in prompts]
+    while any(len(o) < max_new for o in outs):
+        layouts, blocks = [], []
+        for r, state in enumerate(states):
+            if state is None:
+                layouts.append(None)
+                blocks.append((torch.tensor([xs[r]]), torch.tensor([pos[r]]), None))
+                continue
+            layout = state.propose(xs[r], committed=committed[r])
+            layouts.append(layout)
+            blocks.append(
+                (
+                    torch.from_numpy(layout.tokens),
+                    torch.from_numpy(pos[r] + layout.depths.astype(np.int64)),
+                    [int(v) for v in layout.parents],
+                )
+            )
+        logits = runner.forward(blocks)
+        # One device-to-host transfer for the whole batch's argmax.
+        argmax_all = torch.cat([lg.argmax(-1) for lg in logits]).cpu().numpy()
+        sizes = [int(lg.shape[0]) for lg in logits]
+        argmaxes = np.split(argmax_all, np.cumsum(sizes)[:-1])
+        keeps = []
+        for r, layout in enumerate(layouts):
+            left = max(1, max_new - len(outs[r]))
+            if layout is None:
+                tokens, accepted = [int(argmaxes[r][0])], []
+            else:
+                res = verify_greedy(layout, argmaxes[r], frozenset(), left)
+                states[r].observe(layout, argmaxes[r], res)
+                tokens, accepted = res.tokens, res.accepted
+                c.tree_steps += not layout.is_chain
+                children = np.bincount(layout.parents[1:] + 1, minlength=len(layout) + 1)
+                c.branching_steps += bool((children[1:] > 1).any())
+                c.accepted += len(accepted)
+                c.max_nodes = max(c.max_nodes, len(layout))
+            keeps.append((sizes[r], [0, *accepted]))
+            outs[r].extend(tokens)
+            pos[r] += 1 + len(accepted)
+            xs[r], committed[r] = tokens[-1], tokens
+        runner.compact(keeps)
+        c.steps += 1
+    return [o[:max_new] for o in outs]

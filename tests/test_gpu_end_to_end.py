@@ -20,9 +20,11 @@ import pytest
 import torch
 from kernel_imports import DEVICE
 from llama_tiny import (
+    PagedBatchRunner,
     PagedTreeRunner,
     TinyConfig,
     TinyLlama,
+    generate_batch_paged,
     generate_ptd_paged,
     greedy_dense,
     greedy_paged,
@@ -53,7 +55,11 @@ MIN_MARGIN = 1e-3  # logit gap on the greedy path, far above float32 rounding (~
 def prompt_and_greedy(model: TinyLlama) -> tuple[list[int], list[int]]:
     """A random prompt whose greedy continuation has no near-tie at any step (so the
     paged kernels' rounding cannot flip an argmax), and that continuation."""
-    for seed in range(1, 9):
+    return well_separated(model, range(1, 9))
+
+
+def well_separated(model: TinyLlama, seeds) -> tuple[list[int], list[int]]:
+    for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
         prompt = torch.randint(0, CFG.vocab, (PROMPT_LEN,), generator=gen).tolist()
         margins: list[float] = []
@@ -109,3 +115,21 @@ def test_skipping_the_kv_moves_changes_the_output(model, prompt, greedy) -> None
     runner = NoMoveRunner(model, PROMPT_LEN + MAX_NEW + 80, seed=3)
     out = generate_ptd_paged(runner, prompt, MAX_NEW, PTDConfig())
     assert out[:MAX_NEW] != greedy
+
+
+def test_mixed_batch_one_launch_per_layer_equals_plain_greedy(model, prompt, greedy) -> None:
+    """Two PTD requests and a plain one in every step (one attention launch per layer
+    for the whole batch, ``is_tree`` 1/1/0; one compaction launch for all requests),
+    on a block-major buffer whose blocks the requests own interleaved."""
+    prompt2, greedy2 = well_separated(model, range(11, 19))
+    runner = PagedBatchRunner(model, 3, PROMPT_LEN + 8 * MAX_NEW + 80, order="BLNHC", seed=5)
+    outs = generate_batch_paged(
+        runner, [prompt, prompt2, prompt], [True, True, False], MAX_NEW, PTDConfig()
+    )
+    c = runner.counters
+    print(
+        f"\nbatch: {c.steps} steps, {c.branching_steps} branching trees, {c.accepted} "
+        f"accepted drafts, {c.kv_moves} KV moves in {c.compactions} compactions"
+    )
+    assert outs == [greedy, greedy2, greedy]
+    assert c.branching_steps > 0 and c.accepted > 0 and c.kv_moves > 0
