@@ -85,7 +85,7 @@ line=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+
 if [ "$rc" = 0 ]; then res=PASS; else res=FAIL; status=1; fi
 summary+=("tests    $res  ${line:-no pytest summary line (see pytest.log)} [$(( $(date +%s) - t0 ))s]")
 while IFS= read -r e2e; do summary+=("  e2e    $e2e"); done \
-  < <(grep -E "^(LBNHC|BLNHC): [0-9]+ steps" "$OUT_DIR/pytest.log")
+  < <(grep -E "^(LBNHC|BLNHC|batch): [0-9]+ steps" "$OUT_DIR/pytest.log")
 
 t0=$(date +%s)
 timeout "${GPU_CHECK_TIMINGS_TIMEOUT:-75}" "$PYTHON" benchmarks/gpu_timings.py --allow-cpu \

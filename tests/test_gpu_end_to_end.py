@@ -10,7 +10,9 @@ over the paged cache, a device argmax, and the Triton KV compaction of accepted 
 Asserted: the generated tokens equal plain greedy decoding of the same model (whole
 sequence recomputed with causal attention in plain matmuls, no cache) and plain greedy on the paged path;
 branching trees ran, tokens were accepted and K/V rows moved; skipping the moves
-changes the output (the compaction is load-bearing). Compiled on a GPU with a larger
+changes the output (the compaction is load-bearing). A mixed batch (two PTD requests
+and a plain one) runs one attention launch per layer and one compaction per step, each
+request equal to its own plain greedy output. Compiled on a GPU with a larger
 model; through Triton's interpreter on CPU with a tiny one.
 """
 
