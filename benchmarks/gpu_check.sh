@@ -21,7 +21,8 @@
 # Environment: PYTHON (default .venv/bin/python if present, else python3); OUT (logs,
 # default ./gpu_check_out); GPU_CHECK_ALLOW_CPU=1 runs without a CUDA device through
 # Triton's interpreter with tiny shapes (a dry run of this script; slow, and its
-# timings mean nothing); GPU_CHECK_BENCH=0 skips step 4.
+# timings mean nothing); GPU_CHECK_BENCH=0 skips step 4; GPU_CHECK_TEST_TIMEOUT,
+# GPU_CHECK_TIMINGS_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT (seconds) change the step limits.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-$PWD/gpu_check_out}"
