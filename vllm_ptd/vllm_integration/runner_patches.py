@@ -109,8 +109,11 @@ def make_prepare_inputs(original):
         total = scheduler_output.total_num_scheduled_tokens
         spec = scheduler_output.scheduled_spec_decode_tokens
         decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
-        drafter.step_started(total, has_prefill=total > decode,
-                             drafting=sum(1 for drafts in spec.values() if drafts))
+        try:
+            drafter.step_started(total, has_prefill=total > decode,
+                                 drafting=sum(1 for drafts in spec.values() if drafts))
+        except Exception:  # a lost step-time sample is not worth the engine
+            logger.exception("PTD step timing failed")
         result = original(self, scheduler_output, num_scheduled_tokens)
         self._ptd_trees = {}
         set_tree_attention_metadata(None)
