@@ -32,7 +32,23 @@ WRAPPED: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter"),
     ("vllm.v1.sample.logits_processor", "build_logitsprocs"),
     ("vllm.sampling_params", "SamplingParams._validate_spec_decode"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler._update_after_schedule"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.make_spec_decoding_stats"),
+    ("vllm.v1.metrics.loggers", "StatLoggerManager.__init__"),
+    ("vllm.v1.metrics.loggers", "StatLoggerManager.record"),
 )
+# Wrapped functions that differ between supported releases, each read against its wrapper:
+# the recorded fingerprints accept each release's version, this says why the one wrapper fits
+# both (tests/test_vllm_compat.py requires every other wrapped function to be identical).
+REVIEWED_CHANGES = {
+    "vllm.v1.core.sched.scheduler.Scheduler.update_from_output": (
+        "0.33 changes its internals (deferred loads, requeuing, error fields); the wrapper "
+        "uses only its signature, its per-request make_spec_decoding_stats(..., request_id) "
+        "call and the scheduler_stats of the outputs it returns, unchanged in 0.33"),
+}
 RELIED_ON: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._calc_spec_decode_metadata"),
