@@ -40,7 +40,7 @@ START=$(date +%s)
     --format=csv 2>&1 || true
   "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'cuda',
 torch.version.cuda, 'available', torch.cuda.is_available()); print('triton', triton.__version__)"
-  "$PYTHON" -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+  timeout 60 "$PYTHON" -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
   "$PYTHON" -c "import vllm_ptd.kernels as k; print('vllm_ptd.kernels from', k.__file__)" \
     2>/dev/null || echo "vllm_ptd.kernels not installed: the tests import kernels/ from the checkout"
 } >"$OUT_DIR/env.txt" 2>&1
