@@ -53,6 +53,38 @@ class Server:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def post_json(self, path: str, payload: dict) -> dict:
+        req = urllib.request.Request(f"{self.root}{path}", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    def worker_rpc(self, method: str, *args: str):
+        """vLLM's development endpoint (`VLLM_SERVER_DEV_MODE=1` and a worker extension):
+        `method` on the one worker, its result."""
+        (result,) = self.post_json("/collective_rpc",
+                                   {"method": method, "args": list(args)})["results"]
+        return result
+
+    def settled_snapshot(self, timeout: float = 15.0) -> dict:
+        """PTD's snapshot once the worker has learnt of the finished and aborted requests,
+        which reach it with the engine's next step (an empty one when nothing else runs),
+        just after the client saw them end: poll briefly. A leak stays above 0."""
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.worker_rpc("ptd_snapshot")
+            if snap["live_states"] == 0 or time.monotonic() > deadline:
+                return snap
+            time.sleep(0.5)
+
+    def rss_mib(self) -> float:
+        """Resident memory of the server and its engine processes."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+        return sum(p.memory_info().rss for p in procs) / 2**20
+
 
 @contextmanager
 def vllm_server(model: str, spec: dict | None, max_model_len: int = 2048,

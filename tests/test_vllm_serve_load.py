@@ -17,11 +17,9 @@ and n=2 at temperature 0 (which vLLM refuses with a 400). Asserted:
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
@@ -197,38 +195,6 @@ async def _drive(base_url: str, specs: list[Spec], clients: int, streamed: bool
     return results
 
 
-def _post_json(url: str, payload: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def _snapshot(server: Server) -> dict:
-    (snap,) = _post_json(f"{server.root}/collective_rpc", {"method": "ptd_snapshot"})["results"]
-    return snap
-
-
-def _settled_snapshot(server: Server, timeout: float = 15.0) -> dict:
-    """The worker learns of finished and aborted requests with the engine's next step (an
-    empty one when nothing else runs), just after the client saw them end: poll briefly. A
-    leak stays above 0."""
-    deadline = time.monotonic() + timeout
-    while True:
-        snap = _snapshot(server)
-        if snap["live_states"] == 0 or time.monotonic() > deadline:
-            return snap
-        time.sleep(0.5)
-
-
-def _server_rss_mib(server: Server) -> float:
-    import psutil
-
-    root = psutil.Process(server.proc.pid)
-    procs = [root, *root.children(recursive=True)]
-    return sum(p.memory_info().rss for p in procs) / 2**20
-
-
 def _aborted_total(server: Server) -> int:
     """Requests the server aborted because their client went away (logged one per line by
     vLLM's `--enable-log-requests`)."""
@@ -296,14 +262,14 @@ def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_
                      extra_args=["--worker-extension-cls", EXTENSION, "--enable-log-requests"],
                      env={"VLLM_SERVER_DEV_MODE": "1", **MALLOC_ENV}) as server:
         for round_no in (1, 2):
-            before = _settled_snapshot(server)
+            before = server.settled_snapshot()
             aborted_before = _aborted_total(server)
             started = time.monotonic()
             got = asyncio.run(_drive(server.base_url, specs, clients=CLIENTS, streamed=True))
             seconds = time.monotonic() - started
             assert server.healthy(), server.log_tail()
             assert _compare(specs, got, plain_answers) == []
-            snap = _settled_snapshot(server)
+            snap = server.settled_snapshot()
             assert snap["live_states"] == 0
             assert snap["fallbacks"] == 0
             steps, tokens = snap["steps"] - before["steps"], snap["tokens"] - before["tokens"]
@@ -312,7 +278,7 @@ def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_
             # that had already ended by then is not aborted: at least half of them were)
             aborted = _aborted_total(server) - aborted_before
             assert n_abort // 2 <= aborted <= n_abort
-            rss.append(_server_rss_mib(server))
+            rss.append(server.rss_mib())
             print(f"round {round_no}: {seconds:.0f} s, DE {tokens / steps:.2f}, {aborted} "
                   f"aborted by the server, server RSS {rss[-1]:.0f} MiB")
             record_property(f"round{round_no}_seconds", round(seconds, 1))

@@ -23,10 +23,8 @@ separate defect (see the report of issue 23's work); this test is about faults.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,19 +136,6 @@ async def _run_one(client, spec: Spec, streamed: bool) -> Result:
     return out
 
 
-def _post_json(url: str, payload: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def _rpc(server: Server, method: str, *args: str):
-    (result,) = _post_json(f"{server.root}/collective_rpc",
-                           {"method": method, "args": list(args)})["results"]
-    return result
-
-
 async def _inject_randomly(server: Server, done: asyncio.Event, rng: random.Random) -> int:
     """Every ~FAULT_PERIOD_S until `done`: 1-2 faults at a random stage. Returns how many
     were requested."""
@@ -158,7 +143,7 @@ async def _inject_randomly(server: Server, done: asyncio.Event, rng: random.Rand
     while not done.is_set():
         stage = rng.choices(list(STAGE_WEIGHTS), weights=list(STAGE_WEIGHTS.values()))[0]
         count = rng.randint(1, 2)
-        assert await asyncio.to_thread(_rpc, server, "ptd_inject_faults", stage, str(count))
+        assert await asyncio.to_thread(server.worker_rpc, "ptd_inject_faults", stage, str(count))
         requested += count
         try:
             await asyncio.wait_for(done.wait(), timeout=FAULT_PERIOD_S * rng.uniform(0.5, 1.5))
@@ -218,24 +203,6 @@ def _problems(specs: list[Spec], got: dict[int, Result], want: dict[int, Result]
     return problems
 
 
-def _settled_snapshot(server: Server, timeout: float = 15.0) -> dict:
-    """Finished and aborted requests reach the worker with the engine's next step: poll."""
-    deadline = time.monotonic() + timeout
-    while True:
-        snap = _rpc(server, "ptd_snapshot")
-        if snap["live_states"] == 0 or time.monotonic() > deadline:
-            return snap
-        time.sleep(0.5)
-
-
-def _server_rss_mib(server: Server) -> float:
-    import psutil
-
-    root = psutil.Process(server.proc.pid)
-    procs = [root, *root.children(recursive=True)]
-    return sum(p.memory_info().rss for p in procs) / 2**20
-
-
 def test_soak_with_faults_at_random_stages(record_property):
     import os
 
@@ -253,10 +220,10 @@ def test_soak_with_faults_at_random_stages(record_property):
         want, _ = asyncio.run(_drive(server, specs, streamed=False, faults=False))
         assert [s.index for s in specs if want[s.index].error or not want[s.index].finish_reason
                 ] == []
-        reference = _settled_snapshot(server)
+        reference = server.settled_snapshot()
         assert reference["fallbacks"] == 0 and reference["live_states"] == 0
         assert reference["drafted_steps"] > 0 and reference["kv_moves"] > 0
-        rss = [_server_rss_mib(server)]
+        rss = [server.rss_mib()]
         print(f"\n{len(specs)} requests, {sum(s.stream for s in specs)} streamed, "
               f"{sum(1 for s in specs if s.abort_after)} closed early; reference round "
               f"{time.monotonic() - started:.0f} s, server RSS {rss[0]:.0f} MiB")
@@ -266,17 +233,17 @@ def test_soak_with_faults_at_random_stages(record_property):
             started = time.monotonic()
             got, requested = asyncio.run(_drive(server, specs, streamed=True, faults=True))
             seconds = time.monotonic() - started
-            assert _rpc(server, "ptd_clear_faults")
+            assert server.worker_rpc("ptd_clear_faults")
             assert server.healthy(), server.log_tail()
             assert _problems(specs, got, want) == []
-            fired = _rpc(server, "ptd_fault_counts")["fired"]
+            fired = server.worker_rpc("ptd_fault_counts")["fired"]
             new = {s: fired.get(s, 0) - fired_before.get(s, 0) for s in STAGES}
             fired_before = fired
-            snap = _settled_snapshot(server)
+            snap = server.settled_snapshot()
             assert snap["live_states"] == 0
             assert sum(1 for n in new.values() if n) >= 4, new   # several stages failed
             assert snap["fallbacks"] > fallbacks_before
-            rss.append(_server_rss_mib(server))
+            rss.append(server.rss_mib())
             print(f"faulted round {round_no}: {seconds:.0f} s, {requested} faults requested, "
                   f"fired {new}, {snap['fallbacks'] - fallbacks_before} fallbacks, "
                   f"server RSS {rss[-1]:.0f} MiB")
