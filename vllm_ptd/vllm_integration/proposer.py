@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from vllm.logger import init_logger
 
+from vllm_ptd.config import CHAIN
 from vllm_ptd.core.budget import BudgetPolicy
+from vllm_ptd.core.chain import rows_from_shared
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
-from vllm_ptd.config import CHAIN
-from vllm_ptd.core.chain import rows_from_shared
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.shared_outputs import TenantSharedOutputs
 from vllm_ptd.core.verify import VerifyResult
