@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from vllm_ptd.core.metrics import PTDStats
+
 logger = logging.getLogger("vllm.ptd")
 
 REPORT_KEY = "__vllm_ptd__"   # the reserved key in SchedulerStats.kv_connector_stats
@@ -179,16 +181,17 @@ class PTDPrometheus:
         for kind, key in ROW_KINDS:
             _advance(self.rows.labels(*labels, kind), totals.get(key, 0), last.get(key, 0))
         self.last[idx] = dict(totals)
-        steps = totals.get("steps", 0)
-        hits = totals.get("hits", 0)
-        self.tokens_per_step.labels(*labels).set(totals.get("tokens", 0) / steps if steps
-                                                 else 0.0)
-        self.hit_rate.labels(*labels).set(hits / steps if steps else 0.0)
-        self.accept_length.labels(*labels).set(
-            1.0 + totals.get("accepted_on_hits", 0) / hits if hits else 0.0)
-        for kind, key in ROW_KINDS:
-            self.rows_per_step.labels(*labels, kind).set(totals.get(key, 0) / steps if steps
-                                                         else 0.0)
+        # The paper's metrics, computed as the worker's own log line computes them.
+        stats = PTDStats(steps=totals.get("steps", 0), tokens=totals.get("tokens", 0),
+                         hits=totals.get("hits", 0),
+                         accepted_on_hits=totals.get("accepted_on_hits", 0),
+                         candidate_nodes=totals.get("rows_c", 0),
+                         draft_nodes=totals.get("rows_t", 0))
+        self.tokens_per_step.labels(*labels).set(stats.DE)
+        self.hit_rate.labels(*labels).set(stats.HR)
+        self.accept_length.labels(*labels).set(stats.AL)
+        self.rows_per_step.labels(*labels, "C").set(stats.C_per_step)
+        self.rows_per_step.labels(*labels, "T").set(stats.T_per_step)
         self.budget.labels(*labels).set(totals.get("budget", 0))
 
     def record(self, totals: dict[str, Any], engine_idx: int | None) -> None:
