@@ -60,12 +60,11 @@ def _refuse_ptd_engines(problem: str) -> None:
     """The only change to vLLM when PTD is off: `"method": "ptd"` fails with the reason
     instead of vLLM's generic list of methods. Other methods go straight to vLLM."""
     from vllm_ptd.patching import Patch
+    from vllm_ptd.vllm_integration.spec_config import requests_ptd  # imports no vLLM
 
     def make(original):
         def create_speculative_config(self, *args, **kwargs):
-            spec = self.speculative_config
-            method = self.spec_method or (spec.get("method") if isinstance(spec, dict) else None)
-            if method == "ptd":
+            if requests_ptd(self):
                 raise ValueError(f"speculative method 'ptd' is unavailable: {problem}")
             return original(self, *args, **kwargs)
 

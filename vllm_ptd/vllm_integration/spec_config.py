@@ -97,15 +97,20 @@ def ptd_config_of(speculative_config: Any) -> PTDConfig | None:
     return PTDConfig.from_dict(raw)
 
 
+def requests_ptd(engine_args: Any) -> bool:
+    """Whether these engine arguments ask for method 'ptd' (`--spec-method` or the dict)."""
+    spec = engine_args.speculative_config
+    method = engine_args.spec_method or (spec.get("method") if isinstance(spec, dict) else None)
+    return method == PTD_METHOD
+
+
 def make_create_speculative_config(original):
     """Wrap `EngineArgs.create_speculative_config`: rewrite method 'ptd' before vLLM sees it."""
 
     def create_speculative_config(self, target_model_config, target_parallel_config):
-        spec = self.speculative_config
-        method = self.spec_method or (spec or {}).get("method")
-        if method != PTD_METHOD:
+        if not requests_ptd(self):
             return original(self, target_model_config, target_parallel_config)
-        spec = dict(spec or {})
+        spec = dict(self.speculative_config or {})
         spec.setdefault("method", PTD_METHOD)
         _refuse_v2_model_runner()
         self.spec_method = None
