@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import time
 
+# Repetitive contexts, so that drafts (context matches and the pool) get accepted often.
+REPETITIVE_PROMPTS = [
+    ("Repeat after me: the cat sat on the mat. the cat sat on the mat. the cat sat on the"
+     " mat. the cat"),
+    "apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,",
+    ("for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(10):"
+     "\n   "),
+]
+
 
 def ptd_snapshots(llm) -> list[dict]:
     """The PTD proposer's counters of every worker (one per rank)."""

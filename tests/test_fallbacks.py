@@ -14,19 +14,12 @@ import gc
 from functools import partial
 
 import pytest
-from engine_helpers import settled_live_states, snapshot
+from engine_helpers import REPETITIVE_PROMPTS, settled_live_states, snapshot
 from fault_injection import clear_faults, fault_counts, inject_faults
 
 pytestmark = pytest.mark.engine
 
-PROMPTS = [
-    ("Repeat after me: the cat sat on the mat. the cat sat on the mat. the cat sat on the"
-     " mat. the cat"),
-    "apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,",
-    ("for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(10):"
-     "\n   "),
-    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,",
-]
+PROMPTS = [*REPETITIVE_PROMPTS, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,"]
 SETTINGS = {
     "greedy": {"temperature": 0.0},
     "greedy_penalties": {"temperature": 0.0, "repetition_penalty": 1.2},

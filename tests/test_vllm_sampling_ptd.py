@@ -17,19 +17,13 @@ from collections import Counter
 
 import pytest
 import torch
-from engine_helpers import snapshot
+from engine_helpers import REPETITIVE_PROMPTS, snapshot
 
 pytestmark = pytest.mark.engine
 
-# Repetitive contexts, so the tree (context matches and pool) gets accepted often; sampling
-# at temperature 1 keeps enough entropy for a wrong rule to show.
-PROMPTS = [
-    ("Repeat after me: the cat sat on the mat. the cat sat on the mat. the cat sat on the"
-    " mat. the cat"),
-    "apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,",
-    ("for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(10):"
-    "\n   "),
-]
+# Sampling at temperature 1 on repetitive contexts: drafts get accepted often, and there is
+# enough entropy for a wrong rule to show.
+PROMPTS = REPETITIVE_PROMPTS
 # Small fixed trees: many requests per step, each drafted whatever the load.
 PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0, "draft_shape": 0}
 DRAWS = 200          # continuations per prompt and engine run (the wrong rule: p ~1e-69 at 400)
