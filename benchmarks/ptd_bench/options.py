@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="keep every method's engine alive (in-process) and run each workload "
                         "with all methods back to back: ratios robust to a shared machine's "
                         "slow spells (not with --sweep)")
+    p.add_argument("--multiprocess", action="store_true",
+                   help="with --interleave: vLLM's default multiprocess engine cores (what "
+                        "`LLM` and `vllm serve` run) instead of in-process ones")
     p.add_argument("--compile", action="store_true",
                    help="let vLLM compile / capture graphs (default: enforce_eager)")
     p.add_argument("--sweep", action="store_true",

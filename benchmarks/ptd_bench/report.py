@@ -99,6 +99,7 @@ def render(meta: dict, rows: list[dict], sweep: list[dict]) -> str:
            f"- date: {meta.get('date')}",
            f"- machine: {meta.get('machine')}",
            f"- model: {meta.get('model')} ({meta.get('dtype')})",
+           *([f"- engines: {meta['engines']}"] if meta.get("engines") else []),
            f"- command: `{meta.get('command')}`",
            (f"- {_sampling_text(meta.get('sampling'))}, max {meta.get('max_tokens')} new "
             f"tokens per request, {meta.get('prompts') or 'all'} conversations per set"), ""]
