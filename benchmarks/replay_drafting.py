@@ -67,16 +67,15 @@ def _accepted(chain: list[int], output: list[int], pos: int) -> int:
 
 def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
     """Chains (the CPU defaults, then `overrides`) over every output of one set in turn."""
-    from vllm_ptd.config import PTDConfig
+    from vllm_ptd.config import CHAIN, CPU_DEFAULTS, PTDConfig
     from vllm_ptd.core.budget import BudgetPolicy
     from vllm_ptd.core.request_state import PTDRequestState
     from vllm_ptd.core.shared_outputs import SharedOutputs
     from vllm_ptd.core.verify import verify_greedy
-    from vllm_ptd.vllm_integration.spec_config import CPU_BUDGET_DEFAULTS
 
-    cfg = PTDConfig.from_dict({**CPU_BUDGET_DEFAULTS, **overrides})
-    if cfg.draft_shape != 1:
-        raise ValueError("replay covers chains only (draft_shape 1)")
+    cfg = PTDConfig.from_dict({**CPU_DEFAULTS, **overrides})
+    if cfg.draft_shape != CHAIN:
+        raise ValueError("replay covers chains only (draft_shape 'chain')")
     policy = BudgetPolicy(cfg.max_nodes, chain=True) if cfg.adaptive_budget else None
     if policy is not None:
         for n in range(400):   # the cost model learns the line, as it would online

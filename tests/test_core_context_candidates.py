@@ -96,11 +96,11 @@ def test_history_must_end_with_x() -> None:
 
 
 def test_chain_shape_drafts_only_the_first_path_of_c_and_no_t() -> None:
-    """draft_shape 1: [x; C's first path], capped by the budget; T gets no rows, so the
+    """draft_shape "chain": [x; C's first path], capped by the budget; T gets no rows, so the
     layout is a chain (every row's parent the row before)."""
     prompt = [1, 2, 11, 12, 13, 14, 15, 16, 3, 11, 12, 20, 21, 4, 11]
     cfg = PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
-                    max_candidate_nodes=12, draft_shape=1)
+                    max_candidate_nodes=12, draft_shape="chain")
     state = PTDRequestState(cfg, prompt, frozenset())
     assert state.tree.num_nodes() > 0      # T exists; a chain step just does not carry it
     layout = state.propose(12, committed=[12])  # "11 12" was followed by 13... and by 20...
@@ -114,7 +114,7 @@ def test_chain_shape_drafts_only_the_first_path_of_c_and_no_t() -> None:
 
 
 def test_chain_shape_learns_from_verification_and_stays_a_chain() -> None:
-    cfg = PTDConfig(draft_shape=1, max_nodes=8)
+    cfg = PTDConfig(draft_shape="chain", max_nodes=8)
     state = PTDRequestState(cfg, [5, 6, 7, 8, 9], frozenset())
     x = 9
     for step in range(6):

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_ptd.config import CHAIN, CPU_DEFAULTS, TREE
 from vllm_ptd.vllm_integration.spec_config import split_speculative_dict
 
 
 def test_defaults_are_the_papers():
     cfg = split_speculative_dict({"method": "ptd"})
     assert (cfg.width, cfg.depth, cfg.num_roots, cfg.pool_cap) == (4, 6, 4, 60)
+
+
+def test_platform_defaults_fill_only_keys_the_user_did_not_set():
+    cfg = split_speculative_dict({"method": "ptd"}, defaults=CPU_DEFAULTS)
+    assert (cfg.draft_shape, cfg.max_nodes) == (CHAIN, 15)
+    cfg = split_speculative_dict({"method": "ptd", "draft-shape": "tree"}, defaults=CPU_DEFAULTS)
+    assert (cfg.draft_shape, cfg.max_nodes) == (TREE, 15)
+    assert split_speculative_dict({"method": "ptd", "draft_shape": 0},
+                                  defaults=CPU_DEFAULTS).draft_shape == TREE
+
+
+def test_enumerations_by_name_and_old_integers():
+    cfg = split_speculative_dict({"method": "ptd", "draft_shape": "chain",
+                                  "adaptive-budget": False})
+    assert (cfg.draft_shape, cfg.adaptive_budget) == (CHAIN, False)
+    cfg = split_speculative_dict({"method": "ptd", "draft_shape": 1, "adaptive_budget": 0})
+    assert (cfg.draft_shape, cfg.adaptive_budget) == (CHAIN, False)
 
 
 @pytest.mark.parametrize(
@@ -21,6 +39,8 @@ def test_defaults_are_the_papers():
         ({"method": "ptd", "max_nodes": -1}, "max_nodes"),
         ({"method": "ptd", "num_speculative_tokens": 5}, "num_speculative_tokens"),
         ({"method": "ptd", "pool_cap": True}, "pool_cap"),
+        ({"method": "ptd", "draft_shape": "bush"}, "'draft_shape' must be one of 'tree', 'chain'"),
+        ({"method": "ptd", "adaptive_budget": "yes"}, "'adaptive_budget' must be true or false"),
     ],
 )
 def test_bad_keys_are_refused_by_name(spec, needle):

@@ -43,18 +43,46 @@ def _engine_config(spec: dict):
     return args.create_engine_config()
 
 
+INT_KEYS = sorted(k for k, spec in PTD_CONFIG_KEYS.items() if spec.kind is int)
+NAMED_KEYS = sorted(k for k, spec in PTD_CONFIG_KEYS.items() if spec.kind is not int)
+
+
 def _out_of_range_cases():
-    for key, (_typ, lo, hi, _doc) in PTD_CONFIG_KEYS.items():
+    for key in INT_KEYS:
+        lo, hi = PTD_CONFIG_KEYS[key].lo, PTD_CONFIG_KEYS[key].hi
         for value in sorted({lo - 1, -1, hi + 1, 10**30}):
             if value < lo or value > hi:
                 yield key, value, lo, hi
 
 
-@pytest.mark.parametrize("key", sorted(PTD_CONFIG_KEYS))
+def _allowed_values(key):
+    """Every value a key takes: both ends of an int range, each name or boolean and the old
+    integer spellings, with what the config holds for it."""
+    spec = PTD_CONFIG_KEYS[key]
+    if spec.kind is int:
+        return [(spec.lo, spec.lo), (spec.hi, spec.hi)]
+    named = list(spec.choices) if spec.kind is str else [False, True]
+    return [(v, v) for v in named] + list(spec.old.items())
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
 @pytest.mark.parametrize("value", WRONG_TYPES, ids=lambda v: f"{type(v).__name__}:{v!r}")
 def test_every_key_refuses_a_wrong_type_naming_key_and_type(key, value):
     with pytest.raises(ValueError, match=rf"'{key}' must be of type int, got "
                                          rf"{type(value).__name__}"):
+        _engine_config({"method": "ptd", key: value})
+
+
+@pytest.mark.parametrize("key", NAMED_KEYS)
+@pytest.mark.parametrize("value", [*WRONG_TYPES, 2, -1, "Tree", "CHAIN", "tree ", "1"],
+                         ids=lambda v: f"{type(v).__name__}:{v!r}")
+def test_every_named_key_refuses_other_values_naming_key_and_allowed_values(key, value):
+    spec = PTD_CONFIG_KEYS[key]
+    if spec.kind is bool and isinstance(value, bool):
+        return   # true and false are this key's values
+    shown = "one of 'tree', 'chain'" if spec.kind is str else "true or false"
+    with pytest.raises(ValueError, match=re.escape(f"'{key}' must be {shown} (or the old 0, 1)"
+                                                   f", got {value!r}")):
         _engine_config({"method": "ptd", key: value})
 
 
@@ -66,14 +94,13 @@ def test_every_key_refuses_an_out_of_range_value_naming_key_and_range(key, value
 
 
 @pytest.mark.parametrize("key", sorted(PTD_CONFIG_KEYS))
-def test_every_key_takes_both_ends_of_its_range(key):
-    _typ, lo, hi, _doc = PTD_CONFIG_KEYS[key]
-    for value in (lo, hi):
+def test_every_key_takes_every_value_it_allows(key):
+    for value, held in _allowed_values(key):
         spec = {"method": "ptd", key: value}
         if key == "context_min_ngram":  # must not exceed context_ngram (checked below)
-            spec["context_ngram"] = PTD_CONFIG_KEYS["context_ngram"][2]
+            spec["context_ngram"] = PTD_CONFIG_KEYS["context_ngram"].hi
         config = _engine_config(spec).speculative_config
-        assert config.ptd[key] == value
+        assert config.ptd[key] == held and type(config.ptd[key]) is type(held)
         assert config.num_speculative_tokens == max(config.ptd["max_nodes"], 1)
 
 

@@ -36,8 +36,8 @@ size as of max_nodes, so T keeps growing at every grid size, and the floor on G 
 drafting alive: G can only be measured while drafting, so an estimate that stops drafting
 would never be revised.
 
-Chains (config draft_shape 1, the CPU default): each request's chain is cut on its own, row
-by row, from what its evidence predicts. `RowAcceptanceModel` learns, per evidence class of a
+Chains (config draft_shape "chain", the CPU default): each request's chain is cut on its own,
+row by row, from what its evidence predicts. `RowAcceptanceModel` learns, per evidence class of a
 row (core/chain.py: pool or context, how many matched occurrences agree, n-gram length,
 depth), how often such a row is accepted after the rows before it were; a chain's k-th row
 is then all-accepted with P_k = p_1 ... p_k. A row is kept while P_k exceeds its price, b *
@@ -179,7 +179,7 @@ class GainModel:
 
 @dataclass
 class RowAcceptanceModel:
-    """Chains (config draft_shape 1): for each evidence class of a row (core/chain.py), how
+    """Chains (config draft_shape "chain"): for each evidence class of a row (core/chain.py), how
     often such a row was accepted when every row before it in its chain was. A chain's
     rows then have predicted acceptances P_k = p_1 * ... * p_k (the chance that its first k
     rows are all accepted), which the policy weighs against their cost. Each class forgets
@@ -236,7 +236,7 @@ class BudgetPolicy:
     """Chooses one per-request row budget for the next step from the two models."""
 
     max_nodes: int
-    chain: bool = False   # requests draft chains (config draft_shape 1), not trees
+    chain: bool = False   # requests draft chains (config draft_shape "chain"), not trees
     cost: StepCostModel = field(default_factory=StepCostModel)
     gain: GainModel = field(init=False)   # trees only
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the

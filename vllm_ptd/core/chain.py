@@ -1,4 +1,4 @@
-"""The chain of one step (config draft_shape 1) and the evidence behind each of its rows.
+"""The chain of one step (config draft_shape "chain") and the evidence behind each of its rows.
 
 A chain is C's first path: the most frequent continuation of the longest n-gram match, in
 the request's own context or (when they match a longer n-gram) in other requests' finished

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from vllm_ptd.config import PTD_CONFIG_KEYS, PTDConfig
+from vllm_ptd.config import CPU_DEFAULTS, PTD_CONFIG_KEYS, PTDConfig
 from vllm_ptd.vllm_integration.startup_checks import engine_args_refusals, refuse
 
 PTD_METHOD = "ptd"
@@ -65,26 +65,12 @@ def split_speculative_dict(spec: dict[str, Any],
     return PTDConfig.from_dict(ptd_keys)
 
 
-# The node budget where PTD paid off most on the CPU machines of this project (bf16, batch 1,
-# SmolLM2-135M; see README "Choosing the node budget"): x and 15 nodes fill one 16-row tile of
-# oneDNN's AMX GEMMs (from 17 rows on a second tile costs ~20% more), and on questions that
-# the benchmark tables do not use, 15 nodes (10 for C) beat 12 (8) on MT-Bench first turns,
-# GSM8K and HumanEval and tied on MBPP. On GPUs a step with the paper's ~64 extra tokens is nearly free at small
-# batch: dataclass defaults.
-# Chains on CPU (draft_shape 1): a tree step pays for masked attention in every layer (~1 ms
-# per step, 7% of a plain step on an AVX-512 CPU), a chain attends through vLLM's own causal
-# kernel, and its rows are priced one by one (core/budget.py). With 1-gram matches and 16
-# tokens per occurrence more steps draft; the row prices cut what does not pay (offline
-# replay of greedy first turns, benchmarks/replay_drafting.py; README "Chains").
-CPU_BUDGET_DEFAULTS = {"max_nodes": 15, "max_candidate_nodes": 10, "draft_shape": 1,
-                       "context_min_ngram": 1, "context_depth": 16}
-
-
-def platform_budget_defaults() -> dict[str, int]:
-    """Budget keys a user did not set, chosen for the platform the engine runs on."""
+def platform_budget_defaults() -> dict[str, Any]:
+    """Defaults for keys a user did not set, chosen for the platform the engine runs on
+    (`config.CPU_DEFAULTS` on CPU, the dataclass's elsewhere)."""
     from vllm.platforms import current_platform
 
-    return dict(CPU_BUDGET_DEFAULTS) if current_platform.is_cpu() else {}
+    return dict(CPU_DEFAULTS) if current_platform.is_cpu() else {}
 
 
 def ptd_config_of(speculative_config: Any) -> PTDConfig | None:
