@@ -50,15 +50,6 @@ def test_truncate_keeps_a_prefix_and_clips_candidates():
         lay.truncate(0)
 
 
-def test_ancestor_bitmask_matches_bool_mask():
-    lay = hand_layout()
-    bits = lay.ancestor_bitmask()
-    m = lay.ancestor_mask()
-    for i in range(len(lay)):
-        word = int(bits[i, 0])
-        assert [bool(word >> j & 1) for j in range(len(lay))] == m[i].tolist()
-
-
 @pytest.mark.parametrize(
     ("num_c", "num_t", "budget", "cap", "expected"),
     [

@@ -11,6 +11,14 @@ from vllm_ptd.core.pool import DraftPool, Trie, count_nodes
 from vllm_ptd.core.tree import Node
 
 
+def insert_path(trie: Trie, tokens: list[int]) -> None:
+    """Insert one token chain below the trie's key, as a chain of draft-tree nodes."""
+    chain = None
+    for tok in reversed(tokens):
+        chain = Node(tok, [] if chain is None else [chain])
+    trie.insert(Node(0, [chain]))   # the key node's own token plays no part
+
+
 def paths(d: dict, prefix=()) -> set[tuple[int, ...]]:
     out = set()
     for tok, sub in d.items():
@@ -44,29 +52,29 @@ def test_node_without_children_or_draft_creates_no_trie():
 
 def test_cap_evicts_oldest_first_level_branches_until_within_cap():
     trie = Trie(cap=5)
-    trie.insert_path([1, 2])
-    trie.insert_path([3, 4])
-    trie.insert_path([5])
+    insert_path(trie, [1, 2])
+    insert_path(trie, [3, 4])
+    insert_path(trie, [5])
     assert trie.size == 5
-    trie.insert_path([6, 7])  # 7 nodes > 5: drop branch 1 (2 nodes) -> 5
+    insert_path(trie, [6, 7])  # 7 nodes > 5: drop branch 1 (2 nodes) -> 5
     assert list(trie.root) == [3, 5, 6]
     assert trie.size == 5
 
 
 def test_touching_a_branch_makes_it_newest():
     trie = Trie(cap=4)
-    trie.insert_path([1, 2])
-    trie.insert_path([3])
-    trie.insert_path([1, 9])  # touches branch 1: now 3 is the oldest
+    insert_path(trie, [1, 2])
+    insert_path(trie, [3])
+    insert_path(trie, [1, 9])  # touches branch 1: now 3 is the oldest
     assert trie.size == 4
-    trie.insert_path([5])
+    insert_path(trie, [5])
     assert list(trie.root) == [1, 5]
     assert paths(trie.root) == {(1,), (1, 2), (1, 9), (5,)}
 
 
 def test_single_oversized_branch_is_cut_to_a_dfs_prefix():
     trie = Trie(cap=3)
-    trie.insert_path([1, 2, 3, 4, 5])
+    insert_path(trie, [1, 2, 3, 4, 5])
     assert trie.size == 3
     assert paths(trie.root) == {(1,), (1, 2), (1, 2, 3)}
 
@@ -92,9 +100,9 @@ def test_trie_never_exceeds_cap_and_size_counter_is_exact(cap, seed):
 def test_retrieval_is_dfs_with_freshest_branch_first():
     pool = DraftPool(cap=60)
     trie = pool.trie(1)
-    trie.insert_path([2, 3])
-    trie.insert_path([4, 5, 6])
-    trie.insert_path([2, 7])  # branch 2 is now freshest, 7 its newest child
+    insert_path(trie, [2, 3])
+    insert_path(trie, [4, 5, 6])
+    insert_path(trie, [2, 7])  # branch 2 is now freshest, 7 its newest child
     tokens, parents, depths = pool.flatten(1, 100)
     assert tokens == [2, 7, 3, 4, 5, 6]
     assert parents == [0, 1, 1, 0, 4, 5]
@@ -103,7 +111,7 @@ def test_retrieval_is_dfs_with_freshest_branch_first():
 
 def test_retrieval_limit_returns_a_dfs_prefix():
     pool = DraftPool(cap=60)
-    pool.trie(1).insert_path([2, 3, 4])
-    pool.trie(1).insert_path([5])
+    insert_path(pool.trie(1), [2, 3, 4])
+    insert_path(pool.trie(1), [5])
     assert pool.flatten(1, 2) == ([5, 2], [0, 0], [1, 1])
     assert pool.flatten(1, 0) == ([], [], [])

@@ -19,7 +19,6 @@ from vllm_ptd.core.verify import (
     candidate_children,
     processed_probs,
     verify_greedy,
-    verify_greedy_batch,
     verify_sampled,
 )
 
@@ -105,14 +104,6 @@ def test_greedy_stops_at_stop_token_inside_accepted_path():
     assert verify_greedy(lay, argmax).tokens == [1, 2, 3, 4]
     assert verify_greedy(lay, argmax, frozenset({2})) == VerifyResult([1], [1, 2], 2)
     assert verify_greedy(lay, argmax, max_new=2) == VerifyResult([1], [1, 2], 2)
-
-
-def test_batch_greedy_splits_concatenated_rows():
-    a = layout_from_paths(5, [(1, 2)])
-    b = layout_from_paths(6, [(7,)])
-    argmax = np.array([1, 2, 9, 7, 8], dtype=np.int64)
-    res = verify_greedy_batch([a, b], argmax, [frozenset()] * 2, [None, None])
-    assert [r.tokens for r in res] == [[1, 2, 9], [7, 8]]
 
 
 def test_processed_probs_top_k_top_p_and_greedy():

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_core_verify import layout_from_paths
 
-from tests.test_core_verify import layout_from_paths
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.vllm_integration.tree_sampling import (
     TreeRowDistributions,

@@ -61,15 +61,6 @@ class TreeLayout:
             mask[i, i] = True
         return mask
 
-    def ancestor_bitmask(self) -> np.ndarray:
-        """uint64 [n, ceil(n/64)]: bit j of row i (little-endian words) = ancestor_mask[i, j]."""
-        n = len(self)
-        words = max(1, (n + 63) // 64)
-        packed = np.packbits(self.ancestor_mask(), axis=1, bitorder="little")
-        out = np.zeros((n, words * 8), dtype=np.uint8)
-        out[:, : packed.shape[1]] = packed
-        return out.view(np.uint64)
-
     def truncate(self, n: int) -> TreeLayout:
         """The first n rows (a DFS prefix, hence a valid tree); n >= 1."""
         if n < 1:

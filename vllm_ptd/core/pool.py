@@ -11,8 +11,6 @@ trie ever holds more than `cap` nodes after an insertion returns (the authors' c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from vllm_ptd.core.tree import NO_DRAFT, Node
 
 TrieDict = dict  # {token: TrieDict}
@@ -57,20 +55,6 @@ class Trie:
                 sub = {}
                 self.size += 1
             root[d] = sub
-        self._enforce_cap()
-
-    def insert_path(self, tokens: Iterable[int]) -> None:
-        """Insert one token sequence (a chain) below the key."""
-        cur = self.root
-        first = True
-        for t in tokens:
-            sub = cur.pop(t, None) if first else cur.get(t)
-            if sub is None:
-                sub = {}
-                self.size += 1
-            cur[t] = sub
-            cur = sub
-            first = False
         self._enforce_cap()
 
     def _merge(self, d: TrieDict, node: Node) -> None:

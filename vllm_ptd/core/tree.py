@@ -194,10 +194,8 @@ class DraftTree:
     def nodes(self) -> list[Node]:
         """All nodes in layout order: r_0 and its descendants (DFS), then r_1, ...
 
-        Cached; code that edits `roots` or child lists directly must call `invalidate()`."""
+        Cached: the rules above and the `roots` setter drop the cache whenever they change
+        the structure."""
         if self._nodes is None:
             self._nodes = [n for r in self.roots for n in iter_dfs(r)]
         return self._nodes
-
-    def invalidate(self) -> None:
-        self._nodes = None

@@ -10,7 +10,6 @@ token at the cut becomes the bonus, so `tokens` ends at (and includes) the first
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,36 +162,3 @@ def processed_probs(
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits.softmax(-1)
-
-
-def verify_greedy_batch(
-    layouts: Sequence[TreeLayout],
-    argmax: np.ndarray,
-    stop_token_ids: Sequence[frozenset[int]],
-    max_new: Sequence[int | None],
-) -> list[VerifyResult]:
-    """Greedy verification for a batch whose layouts are concatenated row-wise in `argmax`."""
-    out = []
-    start = 0
-    for lay, stop, mx in zip(layouts, stop_token_ids, max_new):
-        n = len(lay)
-        out.append(verify_greedy(lay, argmax[start : start + n], stop, mx))
-        start += n
-    return out
-
-
-def verify_sampled_batch(
-    layouts: Sequence[TreeLayout],
-    probs: torch.Tensor,
-    generators: Sequence[torch.Generator | None],
-    stop_token_ids: Sequence[frozenset[int]],
-    max_new: Sequence[int | None],
-) -> list[VerifyResult]:
-    """Stochastic verification for a batch whose layouts are concatenated row-wise in `probs`."""
-    out = []
-    start = 0
-    for lay, gen, stop, mx in zip(layouts, generators, stop_token_ids, max_new):
-        n = len(lay)
-        out.append(verify_sampled(lay, probs[start : start + n], gen, stop, mx))
-        start += n
-    return out

@@ -129,15 +129,6 @@ def top_k_top_p(params, rows: int, vocab: int, device: torch.device
     return k, p
 
 
-def sampling_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """The distribution vLLM's sampler draws from for these processed rows (its samplers,
-    Gumbel-max or exponential races, draw exactly the softmax of the filtered logits)."""
-    m, vocab = logits.shape
-    logits = scale_for_sampling(logits, params)
-    k, p = top_k_top_p(params, m, vocab, logits.device)
-    return apply_top_k_top_p(logits, k, p).softmax(dim=-1, dtype=torch.float32)
-
-
 RowSampler = Callable[[torch.Tensor, object], int]  # (scaled logits [V], params) -> token
 
 
@@ -145,9 +136,10 @@ class TreeRowDistributions:
     """One request's processed rows, each computed on first use: verification reads x and
     the rows along the path it accepts (about DE rows), not every C row.
 
-    `argmax[r]` is the processed greedy choice at row r, `probs[r]` the sampling
-    distribution (float32 [V]) and `sampled[r]` one token drawn at row r by `sample_row`
-    (drawn once, on first read); all index like the arrays core.verify expects.
+    `argmax[r]` is the processed greedy choice at row r and `sampled[r]` one token drawn at
+    row r by `sample_row` from `scaled_logits(r)` (drawn once, on first read); both index like
+    the arrays core.verify expects. `probs[r]` (float32 [V]) is the distribution of that draw,
+    for tests that check it against vLLM's Sampler or verify with another rule.
     """
 
     def __init__(self, raw_logits: torch.Tensor, layout: TreeLayout, params,
@@ -182,15 +174,23 @@ class TreeRowDistributions:
     def _argmax(self, r: int) -> int:
         return int(self.processed_logits(r).argmax())
 
+    def scaled_logits(self, r: int) -> torch.Tensor:
+        """float32 [V]: row r as vLLM's sampler receives it before top-k / top-p (the
+        processed logits after temperature and min_p)."""
+        return scale_for_sampling(self.processed_logits(r).clone()[None], self.params)[0]
+
     def _probs(self, r: int) -> torch.Tensor:
-        return sampling_probs(self.processed_logits(r).clone()[None], self.params)[0]
+        # vLLM's samplers (Gumbel-max or exponential races) draw exactly the softmax of the
+        # filtered logits
+        scaled = self.scaled_logits(r)[None]
+        k, p = top_k_top_p(self.params, 1, scaled.shape[-1], scaled.device)
+        return apply_top_k_top_p(scaled, k, p).softmax(dim=-1, dtype=torch.float32)[0]
 
     def _sample(self, r: int) -> int:
         if r not in self._sampled:
             if self.sample_row is None:
                 raise ValueError("no row sampler was given")
-            scaled = scale_for_sampling(self.processed_logits(r).clone()[None], self.params)
-            self._sampled[r] = int(self.sample_row(scaled[0], self.params))
+            self._sampled[r] = int(self.sample_row(self.scaled_logits(r), self.params))
         return self._sampled[r]
 
 
