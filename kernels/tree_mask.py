@@ -19,38 +19,22 @@ from collections.abc import Sequence
 
 import torch
 
+from vllm_ptd.core.layout import ancestor_mask
+
 WORD_BITS = 32
-
-
-def _as_parent_tensor(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    p = torch.as_tensor(parents, dtype=torch.int64).cpu().reshape(-1)
-    n = p.numel()
-    if n == 0:
-        raise ValueError("a query block needs at least one token (x)")
-    if p[0].item() != -1:
-        raise ValueError(f"parents[0] must be -1, got {p[0].item()}")
-    idx = torch.arange(n)
-    bad = (p >= idx) | (p < -1)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"parents[{i}] = {p[i].item()} must be -1 or in [0, {i})")
-    return p
 
 
 def tree_mask_dense(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Dense bool ``[n, n]`` in-block visibility: ``mask[i, j]`` = row i sees column j.
 
-    Reference form of the mask (tests, the PyTorch attention reference, the CPU path).
+    Reference form of the mask (tests, the PyTorch attention reference, the CPU path). The
+    mask is built by PTD's layout code (:func:`vllm_ptd.core.layout.ancestor_mask`, which
+    also rejects parent arrays that break the contract above), so kernels and layouts agree
+    by construction.
     """
-    p = _as_parent_tensor(parents)
-    n = p.numel()
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        # Parents come first, so the parent's row is already complete.
-        if p[i] >= 0:
-            mask[i] = mask[p[i]]
-        mask[i, i] = True
-    return mask
+    if isinstance(parents, torch.Tensor):
+        parents = parents.cpu().numpy()
+    return torch.from_numpy(ancestor_mask(parents))
 
 
 def pack_bool_mask(dense: torch.Tensor, mask_words: int) -> torch.Tensor:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from vllm_ptd.config import PTDConfig
-from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
+from vllm_ptd.core.candidates import merge_with_pool
 from vllm_ptd.core.context_index import ContextIndex
+from vllm_ptd.core.layout import flatten_trie
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.shared_outputs import SharedOutputs
 from vllm_ptd.core.verify import verify_greedy

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_ptd.config import PTDConfig
-from vllm_ptd.core.layout import TreeLayout, flatten_draft_tree, make_layout, split_budget
+from vllm_ptd.core.layout import (
+    TreeLayout,
+    ancestor_mask,
+    flatten_draft_tree,
+    flatten_trie,
+    make_layout,
+    split_budget,
+)
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.tree import Node
 from vllm_ptd.core.verify import verify_greedy
@@ -38,6 +45,27 @@ def test_t_spine_gives_paper_positions_and_visibility():
     assert seen[20] == {100, 10, 20}
     assert seen[12] == {100, 10, 11, 12}
     assert seen[3] == {100, 1, 3}
+
+
+def test_ancestor_mask_of_a_forest_is_self_and_ancestors_only():
+    mask = ancestor_mask([-1, 0, 0, 1, -1, 4])
+    assert [set(np.flatnonzero(row).tolist()) for row in mask] == [
+        {0}, {0, 1}, {0, 2}, {0, 1, 3}, {4}, {4, 5}]
+
+
+@pytest.mark.parametrize("parents", [[], [0], [-1, 1], [-1, 2, 0], [-1, -2]])
+def test_ancestor_mask_refuses_parents_that_do_not_precede_their_children(parents):
+    with pytest.raises(ValueError, match="parents|at least one"):
+        ancestor_mask(parents)
+
+
+def test_one_flattener_orders_trie_children_either_way():
+    trie = {1: {3: {}, 4: {}}, 2: {5: {}}}   # insertion order: 1 before 2, 3 before 4
+    assert flatten_trie(trie, 10) == ([1, 3, 4, 2, 5], [0, 1, 1, 0, 4], [1, 2, 2, 1, 2])
+    assert flatten_trie(trie, 10, newest_first=True) == (
+        [2, 5, 1, 4, 3], [0, 1, 0, 3, 3], [1, 2, 1, 2, 2])
+    assert flatten_trie(trie, 2) == ([1, 3], [0, 1], [1, 2])   # a DFS prefix
+    assert flatten_trie(trie, 0) == ([], [], [])
 
 
 def test_truncate_keeps_a_prefix_and_clips_candidates():

@@ -7,8 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_ptd.core.pool import DraftPool, Trie, count_nodes
+from vllm_ptd.core.pool import DraftPool, Trie
 from vllm_ptd.core.tree import Node
+from vllm_ptd.core.trie import count_nodes
 
 
 def insert_path(trie: Trie, tokens: list[int]) -> None:

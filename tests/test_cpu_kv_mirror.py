@@ -151,3 +151,34 @@ def test_the_store_refuses_mirrors_past_its_limit():
     assert store.reserve("a", 500, per_token) is first        # fits its capacity already
     store.release("a")
     assert store.reserve("b", 300, per_token) is not None
+
+
+def test_one_bias_builder_serves_mirrored_and_padded_blocks():
+    """`block_bias` padded to the plan's rows and keys is the gathered step plan's bias,
+    block by block; unpadded it covers the block's rows and prefix + size keys."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from vllm_ptd.vllm_integration.cpu_kv_layout import probe_layout
+    from vllm_ptd.vllm_integration.cpu_kv_mirror import block_bias
+
+    rng = np.random.default_rng(3)
+    block_size, dtype = 16, torch.float32
+    layout = probe_layout(_get_attn_isa(dtype, block_size, HEAD_SIZE, "auto"), dtype,
+                          block_size, HEAD_SIZE)
+    sizes, prefixes = [5, 9], [20, 3]
+    blocks, start = [], 0
+    for r, n in enumerate(sizes):
+        mask = torch.from_numpy(random_layout(n, rng).ancestor_mask())
+        blocks.append(TreeBlock(r, start, n, mask))
+        start += n
+    seq_lens = torch.tensor([p + n for p, n in zip(prefixes, sizes)])
+    block_table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    kv_shape = torch.Size([8, KV_HEADS, block_size, 2 * HEAD_SIZE])
+    plan = cta.build_step_plan(blocks, seq_lens, block_table, kv_shape, layout, GROUP, None,
+                               dtype)
+    for b, (blk, prefix) in enumerate(zip(blocks, prefixes)):
+        padded = block_bias(blk.mask, prefix, GROUP, dtype, rows=max(sizes), width=plan.keys)
+        assert torch.equal(plan.bias[b], padded[0])
+    bias = block_bias(blocks[0].mask, prefixes[0], GROUP, dtype)
+    assert bias.shape == (1, 1, GROUP * sizes[0], prefixes[0] + sizes[0])
+    assert torch.equal(bias[0, 0, : sizes[0], prefixes[0]:] == 0, blocks[0].mask)

@@ -7,10 +7,10 @@ Shared prefixes are merged, so a token both sources predict costs one node.
 
 from __future__ import annotations
 
-from vllm_ptd.core.context_index import TrieDict
+from vllm_ptd.core.trie import TrieDict
 
 
-def merge_with_pool(primary: TrieDict, pool: dict) -> TrieDict:
+def merge_with_pool(primary: TrieDict, pool: TrieDict) -> TrieDict:
     """`primary` (children in priority order) merged with a pool trie (children oldest first)
     into one trie in priority order: primary's children, then the pool's newest first."""
     out: TrieDict = {}
@@ -20,21 +20,3 @@ def merge_with_pool(primary: TrieDict, pool: dict) -> TrieDict:
         if tok not in out:
             out[tok] = merge_with_pool({}, pool[tok])
     return out
-
-
-def flatten_trie(trie: TrieDict, limit: int) -> tuple[list[int], list[int], list[int]]:
-    """DFS pre-order rows (tokens, parents, depths) of a trie in priority order, first child
-    first, at most `limit` rows; row 0 is the trie's key (x), so parents/depths start at 1."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    stack = [(tok, sub, 0, 1) for tok, sub in reversed(trie.items())]
-    while stack and len(tokens) < limit:
-        tok, sub, par, dep = stack.pop()
-        tokens.append(tok)
-        parents.append(par)
-        depths.append(dep)
-        idx = len(tokens)
-        for ctok, csub in reversed(sub.items()):
-            stack.append((ctok, csub, idx, dep + 1))
-    return tokens, parents, depths

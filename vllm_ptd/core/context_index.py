@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-TrieDict = dict  # {token: TrieDict}, children in priority order
+from vllm_ptd.core.trie import TrieDict
+
 SEPARATOR = -1   # between the texts of one index (see `extend`)
 
 

@@ -14,11 +14,16 @@ leaves unused goes back to C beyond its cap. Both parts are trimmed to DFS prefi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Reversible, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from vllm_ptd.core.tree import Node
+from vllm_ptd.core.trie import TrieDict
+
+N = TypeVar("N")
 
 
 @dataclass
@@ -52,14 +57,7 @@ class TreeLayout:
 
     def ancestor_mask(self) -> np.ndarray:
         """bool [n, n]: row i sees column j iff j is i or an ancestor of i."""
-        n = len(self)
-        mask = np.zeros((n, n), dtype=bool)
-        parents = self.parents
-        mask[0, 0] = True
-        for i in range(1, n):  # parents precede children, so row parents[i] is final already
-            mask[i] = mask[parents[i]]
-            mask[i, i] = True
-        return mask
+        return ancestor_mask(self.parents)
 
     def truncate(self, n: int) -> TreeLayout:
         """The first n rows (a DFS prefix, hence a valid tree); n >= 1."""
@@ -84,34 +82,96 @@ def split_budget(num_c: int, num_t: int, budget: int, c_cap: int) -> tuple[int, 
     return nc, nt
 
 
+def ancestor_mask(parents: Sequence[int] | np.ndarray) -> np.ndarray:
+    """bool [n, n] in-block visibility of a parent array: row i sees column j iff j is i or
+    an ancestor of i. parents[0] == -1 and parents[i] is -1 or in [0, i): parents precede
+    children, and a -1 past row 0 starts another tree that sees none of the earlier rows.
+    The one dense-mask builder: the attention backends, the kernels' reference
+    (`kernels.tree_mask.tree_mask_dense`) and the reference driver all use it."""
+    p = np.asarray(parents, dtype=np.int64).reshape(-1)
+    n = p.size
+    if n == 0:
+        raise ValueError("a query block needs at least one token (x)")
+    if p[0] != -1:
+        raise ValueError(f"parents[0] must be -1, got {p[0]}")
+    bad = (p >= np.arange(n)) | (p < -1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"parents[{i}] = {p[i]} must be -1 or in [0, {i})")
+    mask = np.zeros((n, n), dtype=bool)
+    for i, parent in enumerate(p.tolist()):
+        if parent >= 0:   # parents precede children: the parent's row is final already
+            mask[i] = mask[parent]
+        mask[i, i] = True
+    return mask
+
+
+def dfs_rows(roots: Reversible[N], children: Callable[[N], Reversible[N]], limit: int, *,
+             last_child_first: bool = False, offset: int = 1, parent: int = 0, depth: int = 1
+             ) -> tuple[list[N], list[int], list[int]]:
+    """The one depth-first flattener: (nodes, parents, depths) of the forest under `roots` in
+    pre-order, at most `limit` rows (a DFS prefix, hence a valid tree).
+
+    `children(node)` gives a node's children (a list, a dict's items); they and the roots are
+    visited in that order, or last to first with `last_child_first`. Row i of the result is
+    layout row offset + i; parents are layout rows; the roots hang off layout row `parent` at
+    `depth`. Runs once per request and step: kept to plain loops.
+    """
+    nodes: list[N] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    # the stack pops its last entry: what is visited first is pushed last
+    stack = [(r, parent, depth) for r in (roots if last_child_first else reversed(roots))]
+    pop, push = stack.pop, stack.append
+    while stack and len(nodes) < limit:
+        node, par, dep = pop()
+        idx = offset + len(nodes)
+        nodes.append(node)
+        parents.append(par)
+        depths.append(dep)
+        kids = children(node)
+        if kids:
+            for c in (kids if last_child_first else reversed(kids)):
+                push((c, idx, dep + 1))
+    return nodes, parents, depths
+
+
+def flatten_trie(trie: TrieDict, limit: int, newest_first: bool = False
+                 ) -> tuple[list[int], list[int], list[int]]:
+    """A trie as C rows (tokens, parents, depths) after x (row 0, the trie's key), at most
+    `limit` rows. Children first to last (a trie in priority order, core/candidates.py) or,
+    `newest_first`, last to first (the pool's tries hold them oldest first: a DFS prefix then
+    keeps the freshest branches)."""
+    if limit <= 0:
+        return [], [], []
+    items, parents, depths = dfs_rows(trie.items(), lambda item: item[1].items(), limit,
+                                      last_child_first=newest_first)
+    return [tok for tok, _ in items], parents, depths
+
+
 def flatten_draft_tree(
     roots: list[Node], offset: int, limit: int
 ) -> tuple[list[int], list[int], list[int], list[Node]]:
     """T as rows starting at layout index `offset`, at most `limit` rows (a DFS prefix).
 
     Returns (tokens, parents, depths, nodes) where nodes[i] is the Node of row offset + i.
+    The roots form a spine: r_0 hangs off x, r_k off r_{k-1} (see the module docstring).
     """
-    tokens: list[int] = []
+    nodes: list[Node] = []
     parents: list[int] = []
     depths: list[int] = []
-    nodes: list[Node] = []
-    spine_parent, spine_depth = 0, 0  # r_0 hangs off x
-    for root in roots:
+    spine_parent = 0
+    for k, root in enumerate(roots):
         if len(nodes) >= limit:
             break
-        root_idx = offset + len(nodes)
-        stack = [(root, spine_parent, spine_depth + 1)]
-        while stack and len(nodes) < limit:
-            node, par, dep = stack.pop()
-            idx = offset + len(nodes)
-            tokens.append(node.token)
-            parents.append(par)
-            depths.append(dep)
-            nodes.append(node)
-            for c in reversed(node.children):  # oldest child first in DFS order
-                stack.append((c, idx, dep + 1))
-        spine_parent, spine_depth = root_idx, spine_depth + 1
-    return tokens, parents, depths, nodes
+        root_row = offset + len(nodes)
+        sub = dfs_rows([root], lambda n: n.children, limit - len(nodes),
+                       offset=root_row, parent=spine_parent, depth=k + 1)
+        nodes += sub[0]
+        parents += sub[1]
+        depths += sub[2]
+        spine_parent = root_row
+    return [n.token for n in nodes], parents, depths, nodes
 
 
 def make_layout(

@@ -1,7 +1,7 @@
 """The per-request draft pool P: token -> trie of continuations seen after that token.
 
-A trie node is a plain dict `{token: child_dict}` (insertion-ordered), the cheapest structure
-Python offers for this job. Each trie counts its nodes (the key token itself not counted) and is
+A trie node is a plain dict `{token: child_dict}` (core/trie.py), children oldest first. Each
+trie counts its nodes (the key token itself not counted) and is
 capped: after an insertion leaves it over `cap`, its oldest first-level branch is dropped, again
 and again until it is within the cap. "Oldest" means least recently touched: an insertion that
 passes through a first-level branch moves it to the newest end, so fresh evidence survives. When a
@@ -11,20 +11,9 @@ trie ever holds more than `cap` nodes after an insertion returns (the authors' c
 
 from __future__ import annotations
 
+from vllm_ptd.core.layout import flatten_trie
 from vllm_ptd.core.tree import NO_DRAFT, Node
-
-TrieDict = dict  # {token: TrieDict}
-
-
-def count_nodes(d: TrieDict) -> int:
-    """Nodes below `d` (d itself not counted)."""
-    n = 0
-    stack = [d]
-    while stack:
-        cur = stack.pop()
-        n += len(cur)
-        stack.extend(cur.values())
-    return n
+from vllm_ptd.core.trie import TrieDict, count_nodes
 
 
 class Trie:
@@ -125,19 +114,7 @@ class DraftPool:
         """C = P[token] as (tokens, parents, depths) for layout rows 1..len; row 0 is the key
         token (x). DFS pre-order with the most recently touched child first, so a DFS prefix
         of length `limit` keeps the freshest branches."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
         t = self.tries.get(token)
-        if t is None or limit <= 0:
-            return tokens, parents, depths
-        stack = [(tok, sub, 0, 1) for tok, sub in t.root.items()]
-        while stack and len(tokens) < limit:
-            tok, sub, par, dep = stack.pop()
-            tokens.append(tok)
-            parents.append(par)
-            depths.append(dep)
-            idx = len(tokens)
-            for ctok, csub in sub.items():
-                stack.append((ctok, csub, idx, dep + 1))
-        return tokens, parents, depths
+        if t is None:
+            return [], [], []
+        return flatten_trie(t.root, limit, newest_first=True)

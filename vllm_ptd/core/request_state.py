@@ -15,12 +15,13 @@ from typing import Protocol
 import numpy as np
 
 from vllm_ptd.config import CHAIN, PTDConfig
-from vllm_ptd.core.candidates import flatten_trie, merge_with_pool
+from vllm_ptd.core.candidates import merge_with_pool
 from vllm_ptd.core.chain import chain_rows
 from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.layout import (
     TreeLayout,
     flatten_draft_tree,
+    flatten_trie,
     make_layout,
     split_budget,
 )

@@ -118,14 +118,22 @@ class MirroredBlock:
     refresh: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
-def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype
-               ) -> torch.Tensor:
-    """Additive mask of a block's rows: the committed prefix fully visible, the block's own
-    tokens per the tree mask; rows repeated per query head of a KV head (GQA grouping)."""
+def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype,
+               rows: int | None = None, width: int | None = None) -> torch.Tensor:
+    """Additive attention mask [1, 1, group * rows, width] of one block's rows (0 visible,
+    -inf hidden): the committed prefix fully visible, the block's own tokens per the tree mask
+    (bool [size, size]), keys past the block hidden; rows repeated per query head of a KV head
+    (GQA grouping). Padding up to `rows` (default: the block's size) and `width` (default:
+    prefix + size), for blocks attended together in one padded batch: a padding row sees key
+    0 alone, so its softmax stays finite."""
     size = mask.shape[0]
-    visible = torch.ones(size, prefix + size, dtype=torch.bool)
-    visible[:, prefix:] = mask
-    bias = torch.zeros(size, prefix + size, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    rows = size if rows is None else rows
+    width = prefix + size if width is None else width
+    visible = torch.zeros(rows, width, dtype=torch.bool)
+    visible[:size, :prefix] = True
+    visible[:size, prefix:prefix + size] = mask
+    visible[size:, 0] = True
+    bias = torch.zeros(rows, width, dtype=dtype).masked_fill_(~visible, float("-inf"))
     return bias.repeat(group, 1)[None, None]
 
 
