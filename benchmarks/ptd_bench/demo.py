@@ -139,11 +139,14 @@ def run(args, out, err) -> int:
     steps = len(methods) * (1 + speed.num_requests)
     if exact is not None:
         steps += len(exact_methods) * (1 + exact.num_requests)
-    bar = tqdm(total=steps, file=err, unit="step", dynamic_ncols=True,
-               bar_format="{desc} {bar} {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+    # One tick per engine start (the slow part: tens of seconds each) and per prompt answered.
+    bar = tqdm(total=steps, file=err, dynamic_ncols=True, desc="starting",
+               bar_format="{desc}: {bar} {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
 
     def tick(what: str) -> None:
-        bar.set_postfix_str(what, refresh=False)
+        label, _, _ = what.partition(" | ")
+        bar.set_postfix_str(f"{label.replace('start ', '')} started" if label.startswith("start ")
+                            else f"{label} answered a prompt", refresh=False)
         bar.update(1)
 
     exact_rows = []
