@@ -1,4 +1,4 @@
-"""Verification: greedy against brute force; the stochastic rule preserves the target law."""
+"""Verification: the walk against brute force; drawing at each row preserves the target law."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vllm_ptd.core.verify import (
     candidate_children,
     processed_probs,
     verify_greedy,
-    verify_sampled,
+    verify_walk,
 )
 
 
@@ -106,6 +106,22 @@ def test_greedy_stops_at_stop_token_inside_accepted_path():
     assert verify_greedy(lay, argmax, max_new=2) == VerifyResult([1], [1, 2], 2)
 
 
+def test_the_walk_asks_for_one_token_per_committed_position_along_its_path_only():
+    lay = layout_from_paths(5, [(1, 2, 3), (1, 7), (4,)], n_t=2)
+    chosen = {0: 1, 1: 7, 4: 8}   # x -> 1 (row 1), then 7 (row 4, a leaf), then the bonus 8
+    asked: list[int] = []
+
+    def token_at_row(row: int) -> int:
+        asked.append(row)
+        return chosen[row]
+
+    assert verify_walk(lay, token_at_row) == VerifyResult([1, 4], [1, 7, 8], 8)
+    assert asked == [0, 1, 4]
+    asked.clear()
+    assert verify_walk(lay, token_at_row, max_new=2) == VerifyResult([1], [1, 7], 7)
+    assert asked == [0, 1]   # nothing is drawn past the limit
+
+
 def test_processed_probs_top_k_top_p_and_greedy():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     assert torch.allclose(processed_probs(logits, 1.0), torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
@@ -116,7 +132,7 @@ def test_processed_probs_top_k_top_p_and_greedy():
     assert processed_probs(logits, 0.0).tolist() == [[1.0, 0, 0, 0, 0]]
 
 
-# ---- stochastic verification preserves the target distribution ------------------------------
+# ---- drawing at each row on the walk preserves the target distribution ------------------------
 
 V = 4
 L = 3  # compare the law of the first L committed tokens
@@ -138,9 +154,16 @@ TREES = {
 }
 
 
+def drawn_at_each_row(lay, probs, gen, stop=frozenset(), max_new=None) -> VerifyResult:
+    """The shipped rule: one token drawn from the row's law at each row on the walk."""
+    return verify_walk(lay, lambda r: int(torch.multinomial(probs[r], 1, generator=gen)),
+                       stop, max_new)
+
+
 def authors_rule(lay, probs, gen) -> VerifyResult:
-    """The reference code's rule: like the corrected one, but the bonus is the argmax of the
-    residual instead of a sample. Kept here only to show the test can tell them apart."""
+    """The reference code's rule: children accepted one by one with the residual renormalised,
+    but the bonus is the argmax of the residual instead of a sample. Kept here only to show
+    the test can tell a biased rule from the shipped one."""
     kids = candidate_children(lay)
     cur, accepted, tokens = 0, [], []
     while True:
@@ -211,7 +234,7 @@ N = 6000
 @pytest.mark.parametrize("sharp", [False, True])
 @pytest.mark.parametrize("tree", sorted(TREES))
 def test_sampled_verification_preserves_target_law(tree, sharp):
-    counts = sample_sequences(verify_sampled, TREES[tree], sharp, N, seed=11)
+    counts = sample_sequences(drawn_at_each_row, TREES[tree], sharp, N, seed=11)
     # Seeded, so deterministic. 1e-4: a fresh seed fails by chance in < 0.1% of 8 cases, while
     # a bias like the authors' rule gives p < 1e-6 at this N (next test).
     assert chi2_pvalue(counts, exact_law(sharp), N) > 1e-4
@@ -228,6 +251,6 @@ def test_sampled_respects_stop_and_max_new():
     probs = torch.zeros(len(lay), 5)
     probs[0, 1] = probs[1, 2] = probs[2, 3] = probs[3, 4] = 1.0  # the target follows the chain
     gen = torch.Generator().manual_seed(0)
-    assert verify_sampled(lay, probs, gen).tokens == [1, 2, 3, 4]
-    assert verify_sampled(lay, probs, gen, frozenset({2})) == VerifyResult([1], [1, 2], 2)
-    assert verify_sampled(lay, probs, gen, max_new=1) == VerifyResult([], [1], 1)
+    assert drawn_at_each_row(lay, probs, gen).tokens == [1, 2, 3, 4]
+    assert drawn_at_each_row(lay, probs, gen, frozenset({2})) == VerifyResult([1], [1, 2], 2)
+    assert drawn_at_each_row(lay, probs, gen, max_new=1) == VerifyResult([], [1], 1)

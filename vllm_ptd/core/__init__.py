@@ -2,7 +2,7 @@
 
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.request_state import PTDRequestState
-from vllm_ptd.core.verify import VerifyResult, processed_probs, verify_greedy, verify_sampled
+from vllm_ptd.core.verify import VerifyResult, processed_probs, verify_greedy, verify_walk
 
 __all__ = [
     "PTDRequestState",
@@ -10,5 +10,5 @@ __all__ = [
     "VerifyResult",
     "processed_probs",
     "verify_greedy",
-    "verify_sampled",
+    "verify_walk",
 ]

@@ -1,5 +1,12 @@
 """Reference PTD generation over any tree-forward model: the oracle for the vLLM integration.
 
+Each step verifies the layout with the rule the engine ships (`core.verify.verify_walk`): at
+each row on the walk the token plain decoding would commit there, chosen by the same `_pick`
+as `generate_autoregressive` (the argmax, or one draw from the row's processed distribution
+with the request's generator), so greedy output equals plain decoding's and a seeded sampled
+request commits what plain decoding with the same seed commits, up to float differences
+between the tree pass and the one-token passes.
+
 A model is anything with `new_cache()`, `forward(token_ids, positions, attention_mask, cache)
 -> logits [n, V]` (attention_mask: bool [n, n] over the new block, the cached prefix fully
 visible; the block's KV is appended) and `compact(cache, num_new, keep)`. `HFTreeModel` adapts
@@ -18,7 +25,7 @@ import torch
 from vllm_ptd.config import PTDConfig
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
-from vllm_ptd.core.verify import processed_probs, verify_greedy, verify_sampled
+from vllm_ptd.core.verify import processed_probs, verify_walk
 
 
 class TreeForwardModel(Protocol):
@@ -58,12 +65,13 @@ def _prefill(model: TreeForwardModel, prompt: Sequence[int]) -> tuple[Any, int, 
     cache = model.new_cache()
     n = len(prompt) - 1
     if n > 0:
-        causal = torch.ones(n, n, dtype=torch.bool).tril_()
+        causal = torch.from_numpy(np.tri(n, dtype=bool))   # torch's tril_ wakes its threads
         model.forward(torch.tensor(prompt[:-1]), torch.arange(n), causal, cache)
     return cache, int(prompt[-1]), n
 
 
 def _pick(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
+    """The token plain decoding commits after one row of logits [V]: one draw per call."""
     if sampling.temperature <= 0.0:
         return int(logits.argmax())
     q = processed_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
@@ -119,12 +127,8 @@ def generate_ptd(
             cache,
         )
         argmax = logits.argmax(-1).numpy()
-        left = max_new_tokens - len(out)
-        if sampling.temperature <= 0.0:
-            res = verify_greedy(layout, argmax, stop_token_ids, left)
-        else:
-            probs = processed_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            res = verify_sampled(layout, probs, gen, stop_token_ids, left)
+        res = verify_walk(layout, lambda row, rows=logits: _pick(rows[row], sampling, gen),
+                          stop_token_ids, max_new_tokens - len(out))
         model.compact(cache, n, [0, *res.accepted])
         state.observe(layout, argmax, res)
         out.extend(res.tokens)

@@ -1,4 +1,14 @@
-"""Verification of the candidate tree C against the target (ptd_algorithm.md step 3).
+"""Verification of the candidate tree C against the target: one rule, greedy or sampled.
+
+At each row on the walk, starting at x, take the token plain decoding would commit after that
+row's path: the (processed) argmax when greedy; when sampling, one token drawn from the row's
+exact distribution with the request's generator. Follow the C child holding that token; when
+no child holds it, that token is the bonus and the walk ends. Every committed token is thus
+chosen exactly as plain decoding chooses it, one choice (one draw) per committed position, so
+greedy output equals plain greedy decoding and sampled output has plain sampling's law (a
+seeded request even draws the same random numbers). At each row some child is accepted with
+the target's probability of the children's tokens (their sum), as under the sequential
+accept/reject rule, which draws more random numbers per committed position.
 
 Only C rows (1..num_candidates) can be accepted; T rows never are. Result convention, for every
 outcome: `tokens == [layout.tokens[i] for i in accepted] + [bonus]`. The KV of x and of the
@@ -10,9 +20,10 @@ token at the cut becomes the bonus, so `tokens` ends at (and includes) the first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
 from vllm_ptd.core.layout import TreeLayout
@@ -34,106 +45,44 @@ def candidate_children(layout: TreeLayout) -> dict[int, list[int]]:
     return children
 
 
-def _finish(accepted: list[int], tokens: list[int]) -> VerifyResult:
+def verify_walk(
+    layout: TreeLayout,
+    token_at_row: Callable[[int], int],
+    stop_token_ids: frozenset[int] = frozenset(),
+    max_new: int | None = None,
+) -> VerifyResult:
+    """The walk of the module docstring. `token_at_row(row)` is the token committed at that
+    row (x is row 0); it is called once per committed token, for the rows on the walk only,
+    in walk order, so a sampler may draw there."""
+    if max_new is not None and max_new < 1:
+        raise ValueError(f"max_new must be >= 1, got {max_new}")
+    children = candidate_children(layout)
+    ltokens = layout.tokens
+    accepted: list[int] = []
+    tokens: list[int] = []
+    row = 0
+    while True:
+        tok = int(token_at_row(row))
+        tokens.append(tok)
+        if tok in stop_token_ids or (max_new is not None and len(tokens) >= max_new):
+            break
+        row = next((c for c in children.get(row, ()) if ltokens[c] == tok), -1)
+        if row < 0:
+            break
+        accepted.append(row)
     return VerifyResult(accepted=accepted, tokens=tokens, bonus=tokens[-1])
-
-
-def _must_stop(tok: int, n_tokens: int, stop: frozenset[int], max_new: int | None) -> bool:
-    return tok in stop or (max_new is not None and n_tokens >= max_new)
 
 
 def verify_greedy(
     layout: TreeLayout,
-    argmax: np.ndarray,
+    argmax: Any,
     stop_token_ids: frozenset[int] = frozenset(),
     max_new: int | None = None,
 ) -> VerifyResult:
-    """Greedy: follow the child whose token is the target's argmax at the current row.
-
-    argmax: int64 [n], the target argmax at each layout row (only x and C rows are read); or
-    any object whose `argmax[row]` gives that row's choice (read only along the path).
-    """
-    if max_new is not None and max_new < 1:
-        raise ValueError(f"max_new must be >= 1, got {max_new}")
-    children = candidate_children(layout)
-    ltokens = layout.tokens
-    accepted: list[int] = []
-    tokens: list[int] = []
-    cur = 0
-    while True:
-        nxt = int(argmax[cur])
-        tokens.append(nxt)
-        if _must_stop(nxt, len(tokens), stop_token_ids, max_new):
-            return _finish(accepted, tokens)
-        for c in children.get(cur, ()):
-            if ltokens[c] == nxt:
-                accepted.append(c)
-                cur = c
-                break
-        else:
-            return _finish(accepted, tokens)
-
-
-def verify_sampled(
-    layout: TreeLayout,
-    probs: torch.Tensor,
-    generator: torch.Generator | None,
-    stop_token_ids: frozenset[int] = frozenset(),
-    max_new: int | None = None,
-) -> VerifyResult:
-    """Exact stochastic verification (the corrected rule).
-
-    At the current row with target distribution q, try the C children in order: accept child c
-    with probability q(c) / (mass not yet rejected); on rejection q(c) is zeroed (the
-    renormalisation is implicit in the division). On acceptance descend into c. At a leaf, or
-    when every child is rejected, the bonus is SAMPLED from the residual q, never its argmax.
-    For deterministic drafts each committed token is then distributed exactly as q.
-
-    probs: float [n, V], rows already processed (temperature / top-k / top-p) and normalised;
-    or any object whose `probs[row]` gives that row (rows are read only along the path).
-    """
-    if max_new is not None and max_new < 1:
-        raise ValueError(f"max_new must be >= 1, got {max_new}")
-    children = candidate_children(layout)
-    ltokens = layout.tokens
-    accepted: list[int] = []
-    tokens: list[int] = []
-    cur = 0
-    while True:
-        kids = children.get(cur, [])
-        chosen = -1
-        rejected: list[int] = []
-        if kids:
-            kid_tokens = [int(ltokens[c]) for c in kids]
-            q_kids = probs[cur][kid_tokens].double().tolist()
-            u = torch.rand(len(kids), generator=generator, dtype=torch.float64).tolist()
-            remaining = 1.0
-            for c, tok, qc, uc in zip(kids, kid_tokens, q_kids, u):
-                if tok in rejected:  # a duplicate child token: its mass is already zero
-                    continue
-                # remaining <= qc: the rest of the mass sits on this child (guards rounding)
-                if remaining <= qc or uc * remaining < qc:
-                    chosen = c
-                    break
-                rejected.append(tok)
-                remaining -= qc
-        if chosen >= 0:
-            tok = int(ltokens[chosen])
-            tokens.append(tok)
-            if _must_stop(tok, len(tokens), stop_token_ids, max_new):
-                return _finish(accepted, tokens)
-            accepted.append(chosen)
-            cur = chosen
-            continue
-        q = probs[cur]
-        if rejected:
-            q = q.clone()
-            q[rejected] = 0.0
-            if float(q.sum()) <= 0.0:  # all mass rejected by rounding; fall back to the row
-                q = probs[cur]
-        bonus = int(torch.multinomial(q.float(), 1, generator=generator).item())
-        tokens.append(bonus)
-        return _finish(accepted, tokens)
+    """`verify_walk` with each row's token given as `argmax[row]`: an int array [n] (the
+    target's argmax; only x and C rows are read), or any object indexed by row, such as the
+    engine's rows drawn on first read (`TreeRowDistributions.sampled`)."""
+    return verify_walk(layout, argmax.__getitem__, stop_token_ids, max_new)
 
 
 def processed_probs(
