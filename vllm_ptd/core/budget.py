@@ -24,14 +24,14 @@ R requests are in the batch (each commits one token without drafts), D of them m
 - Exploration: every 8th step runs half the chosen size and every 32nd none, so that the
   cost model sees other step sizes and steps without trees under a steady load (otherwise
   its slope is the prior's and its jump unknown). When one choice beats none by 25% or
-  more, 4x less often: exploring cost 9-14% of batch-1 speed on a CPU, and an error that
+  more, 4x less often: exploring costs 9-14% of batch-1 speed on a CPU, and an error that
   large in the model is unlikely.
 
 Why a coarse grid and C's proportional share: T's rows are never accepted in their own
 step; they pay later, through the pool they fill. A tree whose size drifts row by row, or
 whose T is squeezed out by C, starves T, the gain measured under it falls and the budget
-spirals down (seen with every size from 0 to max_nodes allowed and C filling first: batch 1
-settled near 5 rows and 1.1 tokens per step). The proposer gives C the same share of any
+spirals down (with every size from 0 to max_nodes allowed and C filling first, batch 1
+settles near 5 rows and 1.1 tokens per step). The proposer gives C the same share of any
 size as of max_nodes, so T keeps growing at every grid size, and the floor on G keeps
 drafting alive: G can only be measured while drafting, so an estimate that stops drafting
 would never be revised.
@@ -78,8 +78,9 @@ class StepCostModel:
     (a tree's own tree-attention call in every layer; for trees and chains alike the
     verification, the sampler's draft path and PTD's bookkeeping), which a plain line
     through drafting steps would smear over every row and misplace the cost of no drafts.
-    Per request, not per step: with one price per step, 4 requests' trees looked 18% cheaper than
-    they were and the budget drafted at 0.85x plain speed (GSM8K, 4 requests at once)."""
+    Per request, not per step: one price per step makes 4 requests' trees look 18% cheaper
+    than they are, and the budget then drafts at 0.85x plain speed (GSM8K, 4 requests at
+    once)."""
 
     decay: float = 0.995             # weight of a sample after each newer one
     slope_prior: float = 0.01        # prior b as a fraction of the mean step time
@@ -121,8 +122,8 @@ class StepCostModel:
         return a + c * drafting + b * tokens
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
-        """An interval far beyond any step: the engine sat idle between two steps (one such
-        sample among the first few once set the slope 50x too high and stopped drafting)."""
+        """An interval far beyond any step: the engine sat idle between two steps. Such a
+        sample among the first few can set the slope 50x too high and stop drafting."""
         if seconds > 4.0 * self.fastest + 0.05:
             return True
         return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
@@ -171,7 +172,7 @@ class GainModel:
         """G: accepted tokens per request-step at the full budget, as measured but never
         below `floor`. A measured G can only come from drafted steps, and a budget cut to
         zero stops T and the pool from growing, so a low estimate would never be revised
-        (seen at batch 1: G fell to 0.45 on young requests and drafting stopped for good).
+        (at batch 1 young requests measure G near 0.45, which would stop drafting for good).
         At the floor, trees still pay at batch 1 on this CPU and stop paying from a few
         requests per step on."""
         return max(self.measured_gain, self.floor)
@@ -241,8 +242,8 @@ class BudgetPolicy:
     gain: GainModel = field(init=False)   # trees only
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
     # models miss (young requests accept less than G; rows of several trees cost more than
-    # the line says). With 1% it drafted at 0.88-0.95x plain with 4 requests at once, where
-    # it predicted gains of ~10% in the steps after some requests of the batch had ended.
+    # the line says). A 1% margin drafts at 0.88-0.95x plain with 4 requests at once: the
+    # models predict gains of ~10% in the steps after some requests of the batch end.
     min_improvement: float = 1.15
     warmup_samples: int = 5         # full budget until the cost model has this many
     explore_every: int = 8          # every k-th choice runs half the budget (0: never)

@@ -1,4 +1,4 @@
-"""PTD step counters and the paper's metrics (names as in ptd_algorithm.md)."""
+"""PTD step counters and the paper's metrics, under the paper's names (DE, HR, AL)."""
 
 from __future__ import annotations
 

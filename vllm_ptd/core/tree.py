@@ -1,4 +1,5 @@
-"""The per-request draft tree T and its growth rules (ptd_algorithm.md step 5).
+"""The per-request draft tree T and its growth rules (the paper's expansion, root upkeep,
+stepping and width control, plus stop-token pruning).
 
 T is a forest of subtrees ordered by age (oldest first); each subtree's root is a "subtree root"
 r_k. Every node keeps its token, its children in insertion order and `draft`, the target's argmax
