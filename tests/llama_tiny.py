@@ -7,23 +7,25 @@ RMSNorm, SwiGLU MLP), a final RMSNorm and an untied LM head. Two ways to run it:
 * :meth:`TinyLlama.dense_logits`: the whole sequence at once, causal softmax attention
   in plain matmuls, no cache;
   :func:`greedy_dense` decodes greedily with it (the plain-greedy oracle).
-* :class:`PagedTreeRunner`: the engine-style path. K/V live in one buffer carved into
+* :class:`PagedBatchRunner`: the engine-style path, several requests in one launch per
+  layer (:class:`PagedTreeRunner` is a batch of one). K/V live in one buffer carved into
   per-layer views the way vLLM 0.32 allocates them (``LBNHC`` or ``BLNHC`` order,
   logical ``[blocks, kv_heads, block_size, 2 * head]``, K/V as the backend's strided
-  split), addressed through a shuffled block table. A forward writes the block's K/V
-  at its slots, then runs ``kernels.tree_attention`` with PTD's packed masks
-  (``kernels.pack_tree_masks``) and tree positions (``prefix + depth``) for RoPE.
-  :meth:`PagedTreeRunner.compact` moves the accepted rows' K/V with
-  ``kernels.compact_kv`` (all layers, one launch) and counts the moves.
+  split), addressed through a shuffled block table. A forward writes the blocks' K/V
+  at their slots, then runs ``kernels.tree_attention`` with PTD's packed masks
+  (``kernels.pack_tree_masks``) and tree positions (``prefix + depth``) for RoPE;
+  ``compact`` moves the accepted rows' K/V with ``kernels.compact_kv`` (all layers and
+  requests, one launch) and counts the moves.
 
-:func:`generate_ptd_paged` is PTD's loop (``PTDRequestState.propose`` / ``verify_greedy``
-/ ``observe``, as in ``vllm_ptd/core/driver.py``) over the paged runner, with the argmax
-taken on the device and read back in one transfer per step.
+:func:`generate_batch_paged` is PTD's loop (``PTDRequestState.propose`` /
+``verify_greedy`` / ``observe``, as in ``vllm_ptd/core/driver.py``) over the paged
+runner, with the argmax taken on the device and read back in one transfer per step;
+:func:`generate_ptd_paged` runs it for one request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -186,151 +188,6 @@ class Counters:
     compactions: int = 0  # compaction launches (steps with moves)
     accepted: int = 0
     max_nodes: int = 0
-    history: list[tuple[int, int]] = field(default_factory=list)  # (nodes, accepted)
-
-
-class PagedTreeRunner:
-    """One request on a paged KV cache; the Triton kernels do attention and compaction."""
-
-    def __init__(
-        self,
-        model: TinyLlama,
-        max_tokens: int,
-        block_size: int = 16,
-        order: str = "LBNHC",
-        seed: int = 0,
-    ):
-        cfg = model.cfg
-        self.model, self.block_size = model, block_size
-        num_blocks = -(-max_tokens // block_size) + 2
-        self.raw, self.kv = carve_kv_buffer(
-            order,
-            cfg.num_layers,
-            num_blocks,
-            block_size,
-            cfg.kv_heads,
-            cfg.head,
-            model.dtype,
-            model.device,
-        )
-        gen = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-        self.block_table = perm[None, :].to(model.device)  # shuffled: blocks scattered
-        self.blocks = perm.tolist()
-        self.length = 0  # tokens with K/V in the cache
-        self.counters = Counters()
-
-    def slots(self, start: int, n: int) -> torch.Tensor:
-        t = torch.arange(start, start + n)
-        blocks = torch.tensor(self.blocks)[t // self.block_size]
-        return (blocks * self.block_size + t % self.block_size).to(torch.int64)
-
-    @torch.inference_mode()
-    def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, parents: list[int] | None
-    ) -> torch.Tensor:
-        """Append a block (its K/V written at the next slots) and return its logits
-        ``[n, vocab]`` on the device. ``parents`` None: a causal block (prefill)."""
-        model, cfg = self.model, self.model.cfg
-        dev = model.device
-        n = int(tokens.shape[0])
-        tokens, positions = tokens.to(dev), positions.to(dev)
-        slots = self.slots(self.length, n).to(dev)
-        blk, off = slots // self.block_size, slots % self.block_size
-        if parents is None:
-            mask_bits, words = kernels.pack_tree_masks([kernels.chain_parents(n)], dev)
-        else:
-            mask_bits, words = kernels.pack_tree_masks([parents], dev)
-        seq_lens = torch.tensor([self.length + n], dtype=torch.int32, device=dev)
-        qsl = torch.tensor([0, n], dtype=torch.int32, device=dev)
-        is_tree = torch.tensor([0 if parents is None else 1], dtype=torch.int32, device=dev)
-        x = model.embed[tokens]
-        for layer, (key_cache, value_cache) in zip(model.layers, self.kv):
-            q, k, v = model.qkv(layer, x, positions)
-            key_cache[blk, off] = k
-            value_cache[blk, off] = v
-            out = torch.empty_like(q)
-            kernels.tree_attention(
-                q,
-                key_cache,
-                value_cache,
-                self.block_table,
-                seq_lens,
-                qsl,
-                mask_bits,
-                words,
-                cfg.head**-0.5,
-                out,
-                max_query_len=n,
-                is_tree=is_tree,
-            )
-            x = model.finish_layer(layer, x, out)
-        self.length += n
-        return model.logits(x)
-
-    def compact(self, num_new: int, keep: list[int]) -> int:
-        """Keep block rows ``keep`` (increasing, ``keep[0] == 0``) of the last ``num_new``
-        tokens, moved to the front of the block; returns the number of moved rows."""
-        past = self.length - num_new
-        pairs = [(past + k, past + j) for j, k in enumerate(keep) if k != j]
-        if pairs:
-            src = self.slots(0, self.length)[[s for s, _ in pairs]]
-            dst = self.slots(0, self.length)[[d for _, d in pairs]]
-            dev = self.model.device
-            kernels.compact_kv(self.kv, src.to(dev), dst.to(dev), layout="cuda", validate=True)
-            self.counters.compactions += 1
-            self.counters.kv_moves += len(pairs)
-        self.length = past + len(keep)
-        return len(pairs)
-
-
-def generate_ptd_paged(
-    runner: PagedTreeRunner, prompt: list[int], max_new: int, config: PTDConfig
-) -> list[int]:
-    """PTD greedy generation for one request over the paged runner."""
-    c = runner.counters
-    state = PTDRequestState(config, prompt, frozenset())
-    n0 = len(prompt) - 1
-    if n0:
-        runner.forward(torch.tensor(prompt[:-1]), torch.arange(n0), None)
-    x, p, out, committed = prompt[-1], n0, [], []
-    while len(out) < max_new:
-        layout = state.propose(x, committed=committed)
-        n = len(layout)
-        parents = [int(v) for v in layout.parents]
-        logits = runner.forward(
-            torch.from_numpy(layout.tokens),
-            torch.from_numpy(p + layout.depths.astype(np.int64)),  # tree positions
-            parents,
-        )
-        argmax = logits.argmax(-1).cpu().numpy()  # argmax on the device, one transfer
-        res = verify_greedy(layout, argmax, frozenset(), max_new - len(out))
-        runner.compact(n, [0, *res.accepted])
-        state.observe(layout, argmax, res)
-        c.steps += 1
-        c.tree_steps += not layout.is_chain
-        children = np.bincount(layout.parents[1:] + 1, minlength=n + 1)
-        c.branching_steps += bool((children[1:] > 1).any())  # a row with 2+ children
-        c.accepted += len(res.accepted)
-        c.max_nodes = max(c.max_nodes, n)
-        c.history.append((n, len(res.accepted)))
-        out.extend(res.tokens)
-        p += 1 + len(res.accepted)
-        x, committed = res.bonus, res.tokens
-    return out
-
-
-def greedy_paged(runner: PagedTreeRunner, prompt: list[int], max_new: int) -> list[int]:
-    """Plain greedy decoding on the paged runner (one-token blocks)."""
-    n0 = len(prompt) - 1
-    if n0:
-        runner.forward(torch.tensor(prompt[:-1]), torch.arange(n0), None)
-    x, out = prompt[-1], []
-    for i in range(max_new):
-        logits = runner.forward(torch.tensor([x]), torch.tensor([n0 + i]), [-1])
-        x = int(logits[-1].argmax())
-        out.append(x)
-    return out
 
 
 class PagedBatchRunner:
@@ -352,16 +209,8 @@ class PagedBatchRunner:
         self.model, self.block_size, self.num_reqs = model, block_size, num_reqs
         per_req = -(-max_tokens // block_size)
         num_blocks = num_reqs * per_req + 1
-        self.raw, self.kv = carve_kv_buffer(
-            order,
-            cfg.num_layers,
-            num_blocks,
-            block_size,
-            cfg.kv_heads,
-            cfg.head,
-            model.dtype,
-            model.device,
-        )
+        self.raw, self.kv = carve_kv_buffer(order, cfg.num_layers, num_blocks, block_size,
+                                            cfg.kv_heads, cfg.head, model.dtype, model.device)
         gen = torch.Generator().manual_seed(seed)
         perm = torch.randperm(num_blocks, generator=gen)[: num_reqs * per_req]
         self.tables = perm.view(num_reqs, per_req).to(torch.int32)  # interleaved owners
@@ -401,20 +250,9 @@ class PagedBatchRunner:
             key_cache[blk, off] = k
             value_cache[blk, off] = v
             out = torch.empty_like(q)
-            kernels.tree_attention(
-                q,
-                key_cache,
-                value_cache,
-                self.block_table,
-                seq_lens,
-                qsl,
-                mask_bits,
-                words,
-                cfg.head**-0.5,
-                out,
-                max_query_len=max(lens),
-                is_tree=is_tree,
-            )
+            kernels.tree_attention(q, key_cache, value_cache, self.block_table, seq_lens, qsl,
+                                   mask_bits, words, cfg.head**-0.5, out,
+                                   max_query_len=max(lens), is_tree=is_tree)
             x = model.finish_layer(layer, x, out)
         for r, n in enumerate(lens):
             self.lengths[r] += n
@@ -436,20 +274,15 @@ class PagedBatchRunner:
         if src:
             dev = self.model.device
             as_long = {"dtype": torch.int64, "device": dev}
-            kernels.compact_kv(
-                self.kv,
-                torch.tensor(src, **as_long),
-                torch.tensor(dst, **as_long),
-                torch.tensor(starts, **as_long),
-                layout="cuda",
-                validate=True,
-            )
+            kernels.compact_kv(self.kv, torch.tensor(src, **as_long),
+                               torch.tensor(dst, **as_long), torch.tensor(starts, **as_long),
+                               layout="cuda", validate=True)
             self.counters.compactions += 1
             self.counters.kv_moves += len(src)
 
 
 def generate_batch_paged(
-    runner: PagedBatchRunner,
+    runner: PagedBatchRunner | _OneRequestBatch,
     prompts: list[list[int]],
     ptd: list[bool],
     max_new: int,
@@ -508,3 +341,69 @@ def generate_batch_paged(
         runner.compact(keeps)
         c.steps += 1
     return [o[:max_new] for o in outs]
+
+
+class PagedTreeRunner:
+    """One request on a paged KV cache: a `PagedBatchRunner` of one, with a one-request
+    `forward` and `compact` (what `generate_ptd_paged` and `greedy_paged` drive)."""
+
+    def __init__(self, model: TinyLlama, max_tokens: int, block_size: int = 16,
+                 order: str = "LBNHC", seed: int = 0):
+        self.batch = PagedBatchRunner(model, 1, max_tokens, block_size, order, seed)
+        self.counters = self.batch.counters
+
+    @property
+    def length(self) -> int:
+        """Tokens with K/V in the cache."""
+        return self.batch.lengths[0]
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.batch.lengths[0] = value
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
+                parents: list[int] | None) -> torch.Tensor:
+        """Append a block (its K/V written at the next slots) and return its logits
+        ``[n, vocab]`` on the device. ``parents`` None: a causal block (prefill)."""
+        return self.batch.forward([(tokens, positions, parents)])[0]
+
+    def compact(self, num_new: int, keep: list[int]) -> int:
+        """Keep block rows ``keep`` (increasing, ``keep[0] == 0``) of the last ``num_new``
+        tokens, moved to the front of the block; returns the number of moved rows."""
+        before = self.counters.kv_moves
+        self.batch.compact([(num_new, keep)])
+        return self.counters.kv_moves - before
+
+
+class _OneRequestBatch:
+    """A `PagedTreeRunner` seen through the batch interface of `generate_batch_paged`, so
+    that a subclass's `compact` (a broken engine, in the tests) is what runs."""
+
+    def __init__(self, runner: PagedTreeRunner):
+        self.runner, self.counters = runner, runner.counters
+
+    def forward(self, blocks):
+        return [self.runner.forward(*blocks[0])]
+
+    def compact(self, keeps) -> None:
+        self.runner.compact(*keeps[0])
+
+
+def generate_ptd_paged(
+    runner: PagedTreeRunner, prompt: list[int], max_new: int, config: PTDConfig
+) -> list[int]:
+    """PTD greedy generation for one request over the paged runner."""
+    return generate_batch_paged(_OneRequestBatch(runner), [prompt], [True], max_new, config)[0]
+
+
+def greedy_paged(runner: PagedTreeRunner, prompt: list[int], max_new: int) -> list[int]:
+    """Plain greedy decoding on the paged runner (one-token blocks)."""
+    n0 = len(prompt) - 1
+    if n0:
+        runner.forward(torch.tensor(prompt[:-1]), torch.arange(n0), None)
+    x, out = prompt[-1], []
+    for i in range(max_new):
+        logits = runner.forward(torch.tensor([x]), torch.tensor([n0 + i]), [-1])
+        x = int(logits[-1].argmax())
+        out.append(x)
+    return out
