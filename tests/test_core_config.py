@@ -84,3 +84,12 @@ def test_the_key_table_has_one_row_per_key_with_what_it_allows_and_its_defaults(
     assert "| bool | true, false (old: 0 = false, 1 = true) | true |" in by_key["adaptive_budget"]
     assert "| int | 0-128 | 15 on CPU, 64 elsewhere |" in by_key["max_nodes"]
     assert "| int | 0-2^63-1 | 0 |" in by_key["seed"]
+
+
+def test_the_readme_carries_the_key_table_as_generated():
+    """README.md's table of keys is `python -m vllm_ptd.config`'s output, verbatim: a key,
+    range or default changed in config.py must be pasted into the README again."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert markdown_table() in readme
