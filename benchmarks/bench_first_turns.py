@@ -5,8 +5,8 @@ in one process and taking turns per request, so the ratios to plain are same-tim
         --methods ptd ngram suffix
     # several PTD configs, on questions 10-39 (not the first ten):
     python benchmarks/bench_first_turns.py --datasets mt_bench --prompts 30 --offset 10 \
-        --methods ptd --ptd 'f12={"adaptive_budget":0,"max_nodes":12,"max_candidate_nodes":8}' \
-        'f15={"adaptive_budget":0,"max_nodes":15,"max_candidate_nodes":10}'
+        --methods ptd --ptd 'f12={"adaptive_budget":false,"max_nodes":12,"max_candidate_nodes":8}' \
+        'f15={"adaptive_budget":false,"max_nodes":15,"max_candidate_nodes":10}'
 
 `vllm-ptd bench` asks MT-Bench's second turns too; this asks the first question of each
 conversation only. Each cell: tokens/s, speedup over plain and tokens per step (DE; for vLLM's

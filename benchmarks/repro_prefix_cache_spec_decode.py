@@ -7,7 +7,7 @@ are reused by a prefill). The requests mirror tests/test_vllm_serve_soak.py.
 
     python benchmarks/repro_prefix_cache_spec_decode.py pc plain plain.json
     python benchmarks/repro_prefix_cache_spec_decode.py pc '{"method": "ngram", "num_speculative_tokens": 4}' ngram.json
-    python benchmarks/repro_prefix_cache_spec_decode.py pc '{"method": "ptd", "draft_shape": 1}' ptd.json
+    python benchmarks/repro_prefix_cache_spec_decode.py pc '{"method": "ptd", "draft_shape": "chain"}' ptd.json
     python benchmarks/repro_prefix_cache_spec_decode.py compare ptd.json plain.json
 
 (first argument `pc`: prefix caching on, anything else: off). Seen 2026-12-02 on 2 cores.
