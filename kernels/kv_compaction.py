@@ -162,6 +162,22 @@ def _launch_groups(views: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
+# Device tables of the views' data pointers, by (device, pointers): an engine's caches never
+# move, so each launch group's table is uploaded once, not every step.
+_VIEW_POINTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _view_pointers(views: list[torch.Tensor]) -> torch.Tensor:
+    key = (str(views[0].device), *(v.data_ptr() for v in views))
+    table = _VIEW_POINTERS.get(key)
+    if table is None:
+        if len(_VIEW_POINTERS) >= 64:   # caches of engines that are gone
+            _VIEW_POINTERS.clear()
+        table = _VIEW_POINTERS[key] = torch.tensor(
+            key[1:], dtype=torch.int64, device=views[0].device)
+    return table
+
+
 def compact_kv(
     kv_caches: KVCaches,
     src_slots: torch.Tensor,
@@ -204,9 +220,7 @@ def compact_kv(
         _, block_size, num_heads, dim = first.shape
         dim_pad = triton.next_power_of_2(dim)
         heads_per_prog = min(triton.next_power_of_2(num_heads), max(1, 4096 // dim_pad))
-        ptrs = torch.tensor(
-            [v.data_ptr() for v in launch], dtype=torch.int64, device=first.device
-        )
+        ptrs = _view_pointers(launch)
         grid = (num_groups, triton.cdiv(num_heads, heads_per_prog), len(launch))
         _compact_kernel[grid](
             first,

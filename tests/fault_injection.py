@@ -1,18 +1,19 @@
 """Test-only fault injection into PTD's per-step stages, inside the worker process.
 
 Production code carries no hooks: `inject_faults` wraps the stage functions themselves in the
-worker (module functions of runner_patches, methods of the PTD proposer instance), so that the
+worker (module functions of tree_step, tree_verification and kv_compaction, methods of the PTD
+proposer instance), so that the
 next `count` calls of a stage raise `InjectedFault`. Once installed, a wrapper with no fault
 left passes straight through to the real function.
 
 Stages (what raises, and where PTD must catch it):
 - "propose": one request's proposal (`PTDProposer._propose_one`), before anything is drafted.
-- "layout": one request's tree setup in `_prepare_inputs` (`runner_patches._plan_tree`).
-- "attention": the step's tree attention plan (`runner_patches._tree_metadata`): every
+- "layout": one request's tree setup in `_prepare_inputs` (`tree_step.plan_tree`).
+- "attention": the step's tree attention plan (`tree_step.tree_attention_metadata`): every
   request with a masked tree that step is hit.
-- "verify": one request's verification (`runner_patches._verify_tree`). The real
+- "verify": one request's verification (`tree_verification.verify_tree`). The real
   verification runs first, so a seeded request's generator has drawn when it raises.
-- "compaction": the step's KV compaction (`runner_patches.compact_accepted_kv`), after it
+- "compaction": the step's KV compaction (`kv_compaction.compact_accepted_kv`), after it
   moved the first half of the accepted nodes' KV: every request with moves that step is hit.
 - "fallback": the fallback's own bookkeeping: inside the next `count` calls of
   `PTDProposer.fall_back`, dropping the request's state (`forget`) raises. Needs a fault at
@@ -79,11 +80,11 @@ def _install(drafter) -> dict:
     state = getattr(drafter, "_test_faults", None)
     if state is not None:
         return state
-    from vllm_ptd.vllm_integration import runner_patches as rp
+    from vllm_ptd.vllm_integration import kv_compaction, tree_step, tree_verification
 
     state = {"left": {}, "fired": {}}
     drafter._test_faults = state
-    drafter.kv_mirrors._test_faults = state   # `_tree_metadata` only sees the mirror store
+    drafter.kv_mirrors._test_faults = state   # the attention plan only sees the mirror store
 
     propose_one = drafter._propose_one
 
@@ -96,53 +97,53 @@ def _install(drafter) -> dict:
 
     fall_back = drafter.fall_back
 
-    def _fall_back(req_id, stage):
+    def _fall_back(req_id, stage, error=None):
         if not _take(state, "fallback"):
-            return fall_back(req_id, stage)
+            return fall_back(req_id, stage, error)
 
         def forget(*args, **kwargs):
             raise InjectedFault("fallback")
 
         drafter.forget = forget
         try:
-            return fall_back(req_id, stage)
+            return fall_back(req_id, stage, error)
         finally:
             del drafter.forget   # the class's method again
 
     drafter.fall_back = _fall_back
 
-    if not getattr(rp._plan_tree, "_ptd_fault_wrapper", False):
-        plan_tree, tree_metadata = rp._plan_tree, rp._tree_metadata
-        verify_tree, compact = rp._verify_tree, rp.compact_accepted_kv
+    if not getattr(tree_step.plan_tree, "_ptd_fault_wrapper", False):
+        plan_tree, tree_metadata = tree_step.plan_tree, tree_step.tree_attention_metadata
+        verify_tree, compact = tree_verification.verify_tree, kv_compaction.compact_accepted_kv
 
-        def _plan_tree(runner, req_id, *args, **kwargs):
+        def plan_tree_(runner, req_id, *args, **kwargs):
             if _take(_state_of(runner), "layout", _params(runner, req_id)):
                 raise InjectedFault("layout")
             return plan_tree(runner, req_id, *args, **kwargs)
 
-        def _tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors):
+        def tree_metadata_(blocks, num_scheduled_tokens, kv_mirrors, transfers):
             if _take(getattr(kv_mirrors, "_test_faults", None), "attention"):
                 raise InjectedFault("attention")
-            return tree_metadata(blocks, device, num_scheduled_tokens, kv_mirrors)
+            return tree_metadata(blocks, num_scheduled_tokens, kv_mirrors, transfers)
 
-        def _verify_tree(runner, req_id, *args, **kwargs):
+        def verify_tree_(runner, req_id, *args, **kwargs):
             result = verify_tree(runner, req_id, *args, **kwargs)
             if _take(_state_of(runner), "verify", _params(runner, req_id)):
                 raise InjectedFault("verify")
             return result
 
-        def compact_accepted_kv(runner, src, dst):
+        def compact_(runner, pairs, transfers):
             if _take(_state_of(runner), "compaction"):
-                half = len(src) // 2
+                half = pairs.shape[1] // 2
                 if half:
-                    compact(runner, src[:half], dst[:half])
+                    compact(runner, pairs[:, :half], transfers)
                 raise InjectedFault("compaction")
-            return compact(runner, src, dst)
+            return compact(runner, pairs, transfers)
 
-        for fn in (_plan_tree, _tree_metadata, _verify_tree, compact_accepted_kv):
+        for fn in (plan_tree_, tree_metadata_, verify_tree_, compact_):
             fn._ptd_fault_wrapper = True
-        rp._plan_tree, rp._tree_metadata = _plan_tree, _tree_metadata
-        rp._verify_tree, rp.compact_accepted_kv = _verify_tree, compact_accepted_kv
+        tree_step.plan_tree, tree_step.tree_attention_metadata = plan_tree_, tree_metadata_
+        tree_verification.verify_tree, kv_compaction.compact_accepted_kv = verify_tree_, compact_
     return state
 
 

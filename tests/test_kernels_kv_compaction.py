@@ -5,6 +5,7 @@ both layouts. Caches hold random data (never zeros); every slot is compared, so 
 missed copy and a stray write fail.
 """
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ except ImportError:  # running from a checkout: kernels/ is the package source
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import kernels  # type: ignore[no-redef]
 
-from kernels._runtime import interpreter_active
+interpreter_active = importlib.import_module(f"{kernels.__name__}._runtime").interpreter_active
 
 if DEVICE == "cpu" and not interpreter_active():
     raise RuntimeError(

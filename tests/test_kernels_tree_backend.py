@@ -36,7 +36,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from vllm_ptd.attention.tree_metadata import (
     TreeAttentionMetadata,
-    tree_attention_step,
+    attach_tree,
 )
 
 try:
@@ -122,8 +122,8 @@ def test_tree_step_uses_tree_attention() -> None:
         is_tree=torch.tensor([1, 0, 0], dtype=torch.int32, device=DEVICE),
     )
     output = torch.full_like(t["query"], float("nan"))
-    with tree_attention_step(tree):
-        impl.forward(None, t["query"], None, None, t["kv_cache"], md, output)
+    attach_tree({"layer": md}, tree)
+    impl.forward(None, t["query"], None, None, t["kv_cache"], md, output)
 
     key_cache, value_cache = t["kv_cache"].transpose(1, 2).split(HEAD, dim=-1)
     ref = kernels.tree_attention_ref(
@@ -171,10 +171,8 @@ def test_tree_step_on_unsupported_layer_raises(overrides: dict, reason: str) -> 
     assert reason in impl.tree_unsupported
     bits, words = kernels.pack_tree_masks([[-1]] * 20)
     output = torch.empty_like(t["query"])
-    with (
-        tree_attention_step(TreeAttentionMetadata(bits, words)),
-        pytest.raises(ValueError, match=f"PTD tree attention does not support: .*{reason}"),
-    ):
+    attach_tree({"layer": md}, TreeAttentionMetadata(bits, words))
+    with pytest.raises(ValueError, match=f"PTD tree attention does not support: .*{reason}"):
         impl.forward(None, t["query"], None, None, t["kv_cache"], md, output)
 
 
@@ -188,10 +186,8 @@ def test_tree_step_with_unsupported_step_metadata_raises(field: str, value) -> N
     setattr(md, field, value)
     bits, words = kernels.pack_tree_masks([[-1]] * 20)
     output = torch.empty_like(t["query"])
-    with (
-        tree_attention_step(TreeAttentionMetadata(bits, words)),
-        pytest.raises(ValueError, match="PTD tree attention does not support"),
-    ):
+    attach_tree({"layer": md}, TreeAttentionMetadata(bits, words))
+    with pytest.raises(ValueError, match="PTD tree attention does not support"):
         make_impl().forward(None, t["query"], None, None, t["kv_cache"], md, output)
 
 
@@ -305,8 +301,8 @@ def test_builder_metadata_and_forward_match_reference(dtype: torch.dtype) -> Non
     )
     output = torch.full_like(query, float("nan"))
     impl = make_impl()
-    with tree_attention_step(tree):
-        impl.forward(None, query, key, value, kv, md, output)
+    attach_tree({"layer": md}, tree)
+    impl.forward(None, query, key, value, kv, md, output)
 
     key_cache, value_cache = kv.transpose(1, 2).split(HEAD, dim=-1)
     ref = kernels.tree_attention_ref(

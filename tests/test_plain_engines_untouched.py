@@ -11,7 +11,6 @@ import textwrap
 
 import pytest
 
-from vllm_ptd.attention import tree_metadata
 from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config
 
 
@@ -38,6 +37,8 @@ class Recorder:
 RUNNER_WRAPPERS = {
     "_update_states": (runner_patches.make_update_states, ("scheduler_output",)),
     "_prepare_inputs": (runner_patches.make_prepare_inputs, ("scheduler_output", "counts")),
+    "_build_attention_metadata": (runner_patches.make_build_attention_metadata,
+                                  ("num_tokens", "num_reqs")),
     "_sample": (runner_patches.make_sample, ("logits", "spec_decode_metadata")),
     "_input_fits_in_drafter": (runner_patches.make_input_fits_in_drafter, ("metadata",)),
 }
@@ -49,13 +50,7 @@ def test_runner_wrappers_return_straight_to_vllm_for_plain_engines(name, drafter
     make, args = RUNNER_WRAPPERS[name]
     original = Recorder()
     runner = PlainRunner(drafter)
-    sentinel = object()
-    tree_metadata.set_tree_attention_metadata(sentinel)
-    try:
-        assert make(original)(runner, *args) == "vllm's result"
-        assert tree_metadata.get_tree_attention_metadata() is sentinel
-    finally:
-        tree_metadata.set_tree_attention_metadata(None)
+    assert make(original)(runner, *args) == "vllm's result"
     assert original.calls == [((runner, *args), {})]
 
 

@@ -26,6 +26,9 @@ PLAIN = SimpleNamespace(pipeline_parallel_size=1)
 @pytest.mark.parametrize("engine_args, model_config, parallel, needle", [
     (args(), model(uses_mrope=True), PLAIN, "M-RoPE"),
     (args(), model(), SimpleNamespace(pipeline_parallel_size=2), "pipeline parallelism"),
+    (args(), model(), SimpleNamespace(decode_context_parallel_size=2), "context parallelism"),
+    (args(), model(), SimpleNamespace(prefill_context_parallel_size=2), "context parallelism"),
+    (args(), model(), SimpleNamespace(enable_dbo=True), "dual batch overlap"),
     (args(), model(window=4096), PLAIN, "sliding-window attention"),
     (args(kv_cache_dtype="fp8_e4m3"), model(), PLAIN, "fp8 KV cache"),
     (args(fuse_attn_quant=True), model(), PLAIN, "fused attention output quantisation"),

@@ -12,7 +12,7 @@ pytest.importorskip("vllm", reason="pack_batch_tree_masks is part of the vLLM ru
 from vllm_ptd.kernels.tree_mask import tree_mask_dense, unpack_mask_bits
 
 from vllm_ptd.attention.tree_metadata import TreeBlock
-from vllm_ptd.vllm_integration.runner_patches import pack_batch_tree_masks
+from vllm_ptd.vllm_integration.tree_step import pack_batch_tree_masks
 
 
 def test_tree_rows_carry_their_masks_and_other_rows_are_flagged_causal():

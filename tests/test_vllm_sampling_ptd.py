@@ -284,13 +284,13 @@ def _argmax_fallback_verify(layout, probs):
 
 def _install_argmax_fallback(worker) -> bool:
     """Runs in the worker: replace PTD's tree verification with the wrong rule."""
-    from vllm_ptd.vllm_integration import runner_patches as rp
+    from vllm_ptd.vllm_integration import tree_verification as tv
 
     def wrong_verify_tree(runner, req_id, tree, logits, raw_argmax):
-        rows = rp._row_distributions(runner, req_id, tree, logits)
+        rows = tv.row_distributions(runner, req_id, tree, logits)
         return _argmax_fallback_verify(tree.layout, rows.probs), raw_argmax
 
-    rp._verify_tree = wrong_verify_tree
+    tv.verify_tree = wrong_verify_tree
     return True
 
 

@@ -28,6 +28,7 @@ WRAPPED: tuple[tuple[str, str], ...] = (
     ("vllm.engine.arg_utils", "EngineArgs.create_speculative_config"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter"),
     ("vllm.v1.sample.logits_processor", "build_logitsprocs"),
@@ -44,6 +45,10 @@ WRAPPED: tuple[tuple[str, str], ...] = (
 # the recorded fingerprints accept each release's version, this says why the one wrapper fits
 # both (tests/test_vllm_compat.py requires every other wrapped function to be identical).
 REVIEWED_CHANGES = {
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner._build_attention_metadata": (
+        "0.33 moves the multimodal prefix ranges into a helper; the wrapper uses only what "
+        "both releases return, (per-layer metadata: a dict, or a list of dicts with "
+        "micro-batching; the speculative common metadata)"),
     "vllm.v1.core.sched.scheduler.Scheduler.update_from_output": (
         "0.33 changes its internals (deferred loads, requeuing, error fields); the wrapper "
         "uses only its signature, its per-request make_spec_decoding_stats(..., request_id) "

@@ -1,11 +1,10 @@
-"""Per-step tree attention metadata, handed from the model runner to the backend.
+"""Per-step tree attention metadata, handed from the model runner to the backends.
 
-The runner builds one :class:`TreeAttentionMetadata` per forward pass that carries PTD
-query blocks, publishes it with :func:`set_tree_attention_metadata` before the model
-runs, and clears it afterwards (or uses :func:`tree_attention_step`). Every attention
-layer of that pass reads the same object; a step without one runs vLLM's attention
-unchanged. A process-global holder is enough: one engine core runs one forward at a
-time per worker, like vLLM's own forward context.
+A step that carries PTD trees builds one :class:`TreeAttentionMetadata` (part of the step's
+``TreeStep``, vllm_integration/tree_step.py). It rides on vLLM's own per-layer attention
+metadata as the attribute ``ptd_tree`` (:func:`attach_tree`, called right after vLLM built
+that metadata), so every attention layer of the pass reads the same object from the
+metadata it is given; a layer whose metadata has no tree runs vLLM's attention unchanged.
 
 Row alignment: ``mask_bits`` rows follow the batch's flattened query tokens exactly
 (row t = query token t, same order as vLLM's ``query_start_loc``), so when the
@@ -13,9 +12,7 @@ scheduler truncates a request's drafts the runner slices its parent array to the
 prefix it kept and packs again (see ``vllm_ptd.kernels.pack_tree_masks``).
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,6 +51,9 @@ class TreeAttentionMetadata:
     blocks: list["TreeBlock"] | None = None
     # The engine's CPU KV mirrors (cpu_kv_mirror.KVMirrorStore), or None not to use any.
     kv_mirrors: object | None = None
+    # Backend plans shared by every layer of the step, built by the first layer that needs
+    # one (the CPU backend's gather indices and biases), keyed by the backend.
+    plans: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mask_bits.dtype != torch.int32 or self.mask_bits.dim() != 2:
@@ -62,25 +62,23 @@ class TreeAttentionMetadata:
             raise ValueError("mask_bits is narrower than mask_words")
 
 
-_current: TreeAttentionMetadata | None = None
+TREE_ATTRIBUTE = "ptd_tree"
 
 
-def set_tree_attention_metadata(metadata: TreeAttentionMetadata | None) -> None:
-    """Publish (or clear, with ``None``) the tree metadata of the next forward pass."""
-    global _current
-    _current = metadata
+def attach_tree(per_layer_metadata, tree: TreeAttentionMetadata | None) -> None:
+    """Put this step's tree (or None) on every layer's attention metadata. vLLM's
+    ``per_layer_metadata`` is {layer name: metadata}, or a list of such dicts with
+    micro-batching; layers of one group share one metadata object."""
+    groups = per_layer_metadata if isinstance(per_layer_metadata, list) else [per_layer_metadata]
+    if tree is not None and len(groups) > 1:
+        # Tree rows index the whole batch; micro-batches would each see a slice of it.
+        raise ValueError("PTD trees do not support micro-batching (dual batch overlap)")
+    for group in groups:
+        for metadata in (group or {}).values():
+            if metadata is not None:
+                setattr(metadata, TREE_ATTRIBUTE, tree)
 
 
-def get_tree_attention_metadata() -> TreeAttentionMetadata | None:
-    """Tree metadata of the running forward pass, or ``None`` for a plain step."""
-    return _current
-
-
-@contextmanager
-def tree_attention_step(metadata: TreeAttentionMetadata | None) -> Iterator[None]:
-    """Publish ``metadata`` for the duration of one forward pass."""
-    set_tree_attention_metadata(metadata)
-    try:
-        yield
-    finally:
-        set_tree_attention_metadata(None)
+def tree_of(attn_metadata) -> TreeAttentionMetadata | None:
+    """The tree a layer's attention metadata carries this step, or None (a plain step)."""
+    return getattr(attn_metadata, TREE_ATTRIBUTE, None)

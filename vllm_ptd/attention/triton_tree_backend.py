@@ -3,7 +3,7 @@
 Subclasses vLLM's ``TRITON_ATTN`` backend (same name, KV layout and metadata builder).
 
 Which rows use the tree kernel. A forward pass without tree metadata
-(:func:`..tree_metadata.get_tree_attention_metadata` is ``None``: prefill-only steps,
+(:func:`..tree_metadata.tree_of` is ``None``: prefill-only steps,
 steps where no request drafted, profiling, CUDA-graph capture) runs vLLM's
 ``unified_attention`` untouched: for causal-only batches it is the better kernel (split-KV
 "3D" path for long decode contexts, tuned tiles, CUDA-graph-friendly scratch) and PTD has
@@ -45,7 +45,7 @@ from vllm.v1.attention.backends.triton_attn import (
 
 from vllm_ptd.kernels import check_supported, tree_attention
 
-from .tree_metadata import get_tree_attention_metadata
+from .tree_metadata import tree_of
 
 _PREFIX = "PTD tree attention does not support: "
 
@@ -121,8 +121,8 @@ class TritonTreeAttentionImpl(TritonAttentionImpl):
         ``[num_tokens, num_heads, head_size]``, kv_cache logical
         ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``.
         """
-        tree = get_tree_attention_metadata()
-        if tree is None or attn_metadata is None:
+        tree = tree_of(attn_metadata)
+        if tree is None:
             return super().forward(
                 layer,
                 query,

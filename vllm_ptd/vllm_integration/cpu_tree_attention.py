@@ -3,7 +3,8 @@
 Rows without a tree keep vLLM's native CPU kernel (`cpu_attention_with_kv_cache`, causal).
 A step that carries trees runs that kernel only when some rows are outside every tree, then
 recomputes the tree rows with masked attention over the paged KV in PyTorch: the committed
-prefix fully visible, the block's own tokens per the tree mask.
+prefix fully visible, the block's own tokens per the tree mask. The step's trees come on
+vLLM's attention metadata (`tree_of`).
 
 Every layer of a step sees the same block tables, sequence lengths and masks, so a
 `TreeStepPlan` is built once per step: flat gather indices into a layer's KV tensor (through
@@ -11,8 +12,8 @@ the probed packing, see cpu_kv_layout), padded over the step's tree blocks, and 
 mask. Each layer then costs a fixed handful of tensor ops for all tree blocks together,
 whatever their number: a gather of whole KV blocks, one permuting copy each for K and V, and
 one fused `scaled_dot_product_attention` in the cache's dtype (bf16 stays bf16 with float32
-accumulation, as in vLLM's own kernel; measured 0.53 -> 0.38 ms per layer against the
-earlier float32 matmul/softmax version for a 25-row tree over 300 tokens).
+accumulation, as in vLLM's own kernel; 0.38 ms per layer for a 25-row tree over 300 tokens,
+against 0.53 for a float32 matmul and softmax).
 
 Keys past a request's length inside its last block, and padding, are hidden by a -inf bias;
 they must hold finite numbers, which vLLM guarantees (the KV cache is allocated zeroed and only
@@ -36,7 +37,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from vllm_ptd.attention.tree_metadata import (
     TreeAttentionMetadata,
     TreeBlock,
-    get_tree_attention_metadata,
+    tree_of,
 )
 from vllm_ptd.vllm_integration.cpu_kv_layout import (
     BlockLayout,
@@ -153,16 +154,13 @@ class StepPlans:
     gathered: TreeStepPlan | None
 
 
-_plan_cache: tuple[object, tuple, StepPlans] | None = None
-
-
 def _step_plans(tree: TreeAttentionMetadata, attn_metadata, kv_cache, isa, group
                 ) -> StepPlans:
-    """The plans of this step; built by the first layer, reused by the others."""
-    global _plan_cache
-    key = (tuple(kv_cache.shape), group)
-    if _plan_cache is not None and _plan_cache[0] is tree and _plan_cache[1] == key:
-        return _plan_cache[2]
+    """The plans of this step; built by the first layer, kept on the step's tree metadata
+    for the others."""
+    key = ("cpu", tuple(kv_cache.shape), group)
+    if key in tree.plans:
+        return tree.plans[key]
     _, _, block_size, two_hs = kv_cache.shape
     layout, packing = _layout_and_packing(isa, kv_cache.dtype, block_size, two_hs // 2)
     mirrored, rest = _mirror_blocks(tree, attn_metadata, kv_cache, group)
@@ -170,8 +168,7 @@ def _step_plans(tree: TreeAttentionMetadata, attn_metadata, kv_cache, isa, group
     if rest:
         gathered = build_step_plan(rest, attn_metadata.seq_lens, attn_metadata.block_table,
                                    kv_cache.shape, layout, group, packing, kv_cache.dtype)
-    plans = StepPlans(layout, mirrored, gathered)
-    _plan_cache = (tree, key, plans)
+    plans = tree.plans[key] = StepPlans(layout, mirrored, gathered)
     return plans
 
 
@@ -247,8 +244,8 @@ def tree_attention_rows(query: torch.Tensor, kv_cache: torch.Tensor, plan: TreeS
 class CPUTreeAttentionImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
-        tree = get_tree_attention_metadata()
-        if tree is None or attn_metadata is None or not tree.blocks:
+        tree = tree_of(attn_metadata)
+        if tree is None or not tree.blocks:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
         # The KV write is a separate op in vLLM 0.32 (forward_includes_kv_cache_update is

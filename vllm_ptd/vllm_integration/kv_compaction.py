@@ -7,22 +7,32 @@ every source before writing any destination, which is safe regardless.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from vllm_ptd.vllm_integration.step_transfers import StepTransfers
 
-def compact_accepted_kv(runner, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+
+def compact_accepted_kv(runner, pairs: np.ndarray, transfers: StepTransfers) -> None:
+    """Move KV from slot pairs[0, i] to slot pairs[1, i], in every layer (pairs: int64
+    [2, M], C-contiguous)."""
     caches = [c for c in runner.kv_caches if c is not None]
     if not caches:
         return
     if caches[0].device.type == "cpu":
-        _compact_cpu(runner, caches, src_slots, dst_slots)
-    else:
-        # vLLM 0.32's Triton backend keeps one [num_blocks, kv_heads, block_size, 2*hs]
-        # tensor per layer, unpacked: the kernel's "cpu"-shaped layout (named for its shape).
-        from vllm_ptd.kernels import compact_kv
+        pairs = torch.from_numpy(np.ascontiguousarray(pairs))
+        _compact_cpu(runner, caches, pairs[0], pairs[1])
+        return
+    # vLLM 0.32's Triton backend keeps one [num_blocks, kv_heads, block_size, 2*hs]
+    # tensor per layer, unpacked: the kernel's "cpu"-shaped layout (named for its shape).
+    # Sources, destinations and the single group's bounds go up in one upload.
+    from vllm_ptd.kernels import compact_kv
 
-        compact_kv(caches, src_slots.to(caches[0].device), dst_slots.to(caches[0].device),
-                   layout="cpu")
+    num = pairs.shape[1]
+    up = transfers.upload("compaction", np.concatenate([pairs.reshape(-1), [0, num]]),
+                          torch.int64)
+    compact_kv(caches, up[:num], up[num: 2 * num], pair_start_loc=up[2 * num:],
+               layout="cpu")
 
 
 def _compact_cpu(runner, caches, src_slots, dst_slots) -> None:

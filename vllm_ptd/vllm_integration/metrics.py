@@ -58,13 +58,13 @@ ROW_KINDS = (("C", "rows_c"), ("T", "rows_t"))
 
 def worker_totals(drafter) -> dict[str, int]:
     """The proposer's cumulative counters, as carried to the front end (ints only)."""
-    s = drafter.stats
+    s, c = drafter.stats, drafter.counters
     shared = drafter.shared
     return {"steps": s.steps, "tokens": s.tokens, "hits": s.hits,
             "accepted_on_hits": s.accepted_on_hits, "rows_c": s.candidate_nodes,
-            "rows_t": s.draft_nodes, "drafted_steps": drafter.drafted_steps,
-            "fallbacks": drafter.fallbacks, "shared_rows": drafter.shared_rows,
-            "budget_rows": drafter.budget_sum, "budget_steps": drafter.budget_steps,
+            "rows_t": s.draft_nodes, "drafted_steps": c.drafted_steps,
+            "fallbacks": c.fallbacks, "shared_rows": c.shared_rows,
+            "budget_rows": c.budget_sum, "budget_steps": c.budget_steps,
             "budget": drafter.step_budget,
             "shared_outputs": 0 if shared is None else shared.num_outputs}
 
@@ -79,12 +79,12 @@ def make_sample_tokens(original):
         drafter = getattr(self, "drafter", None)
         if not isinstance(drafter, PTDProposer):
             return original(self, *args, **kwargs)
-        # This step's trees as run (truncated), set by _prepare_inputs (runner_patches)
-        # during execute_model; read before sampling, which may clear them.
-        trees = (getattr(self, "_ptd_trees", None) or {}
-                 if getattr(self, "execute_model_state", None) is not None else {})
+        # This step's trees as run (truncated), held by the proposer from _prepare_inputs
+        # (during execute_model) until sampling takes them.
+        step = (drafter.step if getattr(self, "execute_model_state", None) is not None
+                else None)
         try:
-            depths = {req_id: int(tree.layout.depths.max()) for req_id, tree in trees.items()}
+            depths = {} if step is None else step.depths()
         except Exception:
             logger.exception("PTD: reading the step's tree depths failed")
             depths = {}

@@ -40,7 +40,15 @@ ALL_PATCHES: list[Patch] = [
         owner="GPUModelRunner",
         attr="_prepare_inputs",
         make=runner_patches.make_prepare_inputs,
-        why="tree positions (after the slot mapping) and per-request tree masks",
+        why="build the step's trees: tree positions (after the slot mapping) and masks",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_build_attention_metadata",
+        make=runner_patches.make_build_attention_metadata,
+        why="carry the step's tree attention on each layer's attention metadata to PTD's "
+            "backends",
     ),
     Patch(
         module=_RUNNER,

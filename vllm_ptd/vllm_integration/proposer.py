@@ -1,16 +1,17 @@
 """PTD's proposer inside vLLM's V1 model runner.
 
 Registered through vLLM's `custom_class` hook (see spec_config.py). Unlike other drafters it
-needs more than sampled token ids: after each verified step it receives, for every PTD request,
-the layout that was actually run, the target's argmax at every node and the verification
-result (`record_step`, called by runner_patches), and feeds them to the request's
-`PTDRequestState` before proposing the next tree.
+needs more than sampled token ids. It holds the step in flight (`begin_step`, from the
+runner's `_prepare_inputs`: the `TreeStep` built from its pending layouts) and takes the
+step's verdicts back after sampling (`finish_step`): for every verified request the layout
+that was actually run, the target's argmax at every node and the verification result, fed
+to the request's `PTDRequestState` before it proposes the next tree.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from vllm.logger import init_logger
@@ -22,7 +23,6 @@ from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
 from vllm_ptd.core.shared_outputs import TenantSharedOutputs
-from vllm_ptd.core.verify import VerifyResult
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
 from vllm_ptd.vllm_integration.spec_config import ptd_config_of
@@ -32,21 +32,48 @@ from vllm_ptd.vllm_integration.startup_checks import (
     model_attention_layers,
     refuse,
 )
+from vllm_ptd.vllm_integration.step_transfers import StepTransfers
+from vllm_ptd.vllm_integration.tree_step import TreeStep
+from vllm_ptd.vllm_integration.tree_verification import StepRecord, StepVerdicts
 
 # Under vLLM's "vllm" logger namespace so that vLLM's logging configuration shows it.
 logger = init_logger("vllm.ptd")
 LOG_INTERVAL_S = 10.0
 
 
+_UNCHECKED = object()
+
+
 @dataclass
-class StepRecord:
-    layout: TreeLayout
-    argmax: np.ndarray
-    result: VerifyResult
+class RequestEntry:
+    """Everything the proposer holds for one request."""
+
+    state: PTDRequestState | None = None
+    pending: TreeLayout | None = None    # proposed, not yet verified
+    record: StepRecord | None = None     # verified, not yet observed
+    # Its last proposal was empty: x then, and whether the step's budget was above zero
+    # (the sources had nothing). Its next step commits one token without drafts; it still
+    # counts as a PTD step (DE is tokens per step over every step).
+    undrafted: tuple[int, bool] | None = None
+    blocker: object = _UNCHECKED   # why it gets no drafts (None: it gets them); cached
+
+
+@dataclass
+class ProposerCounters:
+    drafted_steps: int = 0   # request-steps that verified drafts (stats.steps counts all)
+    kv_moves: int = 0        # accepted nodes whose KV was moved (path off the DFS prefix)
+    masked_blocks: int = 0   # request-steps that needed tree attention (not chains)
+    fallbacks: int = 0       # requests switched to plain decoding after an internal error
+    shared_rows: int = 0     # chain rows drafted from other requests' outputs
+    budget_sum: int = 0      # the step budget summed over steps with drafting requests
+    budget_steps: int = 0
+    host_seconds: float = 0.0   # time in propose() (observe + draft), all requests
+    # accepted_by_depth[k]: verified request-steps that accepted at least k+1 drafts
+    accepted_by_depth: list[int] = field(default_factory=list)
 
 
 class PTDProposer:
-    """Per-request PTD states keyed by vLLM request id, and the layouts in flight."""
+    """One entry per vLLM request, the step in flight, and PTD's counters."""
 
     def __init__(self, vllm_config) -> None:
         self.config = ptd_config_of(vllm_config.speculative_config)
@@ -58,26 +85,15 @@ class PTDProposer:
         # Tree-verified tokens get logprobs of the raw logits only (runner_patches).
         self.raw_logprobs = getattr(vllm_config.model_config, "logprobs_mode",
                                     "raw_logprobs") in RAW_LOGPROBS_MODES
-        self.runner = None  # set by runner_patches before the first proposal
-        self.states: dict[str, PTDRequestState] = {}
-        self.pending: dict[str, TreeLayout] = {}   # proposed, not yet verified
-        self.records: dict[str, StepRecord] = {}   # verified this step, not yet observed
-        # Requests whose last proposal was empty: x then, and whether the step's budget was
-        # above zero (the sources had nothing). Their next step commits one token without
-        # drafts; it still counts as a PTD step (DE is tokens per step over every step).
-        self.undrafted: dict[str, tuple[int, bool]] = {}
+        self.runner = None  # set by `attach` before the first step
+        self.transfers: StepTransfers | None = None   # the step's host/device copies
+        self.requests: dict[str, RequestEntry] = {}
+        self.step: TreeStep | None = None   # the step in flight (prepared, not yet sampled)
         self.stats = PTDStats()
-        self.drafted_steps = 0  # request-steps that verified drafts (stats.steps counts all)
-        self.kv_moves = 0   # accepted nodes whose KV was moved (path off the DFS prefix)
-        self.masked_blocks = 0  # request-steps that needed tree attention (not chains)
-        self.fallbacks = 0  # requests switched to plain decoding after an internal error
-        self.blockers: dict[str, str | None] = {}  # why a request gets no drafts (cached)
+        self.counters = ProposerCounters(accepted_by_depth=[0] * (self.config.max_nodes + 1))
         # Unpacked KV copies for the CPU tree attention (unused on other devices).
         self.kv_mirrors = KVMirrorStore(
             vllm_config.model_config.get_num_layers(vllm_config.parallel_config))
-        self.host_seconds = 0.0  # time in propose() (observe + draft), all requests
-        # accepted_by_depth[k]: verified request-steps that accepted at least k+1 drafts
-        self.accepted_by_depth = [0] * (self.config.max_nodes + 1)
         self._last_log = time.monotonic()
         self._logged = PTDStats()
         # Load-adaptive budget (core/budget.py). Its inputs include wall-clock step times,
@@ -93,16 +109,18 @@ class PTDProposer:
         if cfg.draft_shape == CHAIN and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
             self.shared = TenantSharedOutputs(cfg.shared_outputs, cfg.context_ngram,
                                               cfg.context_min_ngram)
-        self.shared_rows = 0   # chain rows drafted from other requests' outputs
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
             self.policy = BudgetPolicy(self.config.max_nodes,
                                        chain=self.config.draft_shape == CHAIN)
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
-        self.budget_sum = 0                        # step_budget summed over drafting steps
-        self.budget_steps = 0
         # (start, tokens or -1 with prefill, requests with draft rows) of the last step
         self._step_mark: tuple[float, int, int] | None = None
+
+    def attach(self, runner) -> None:
+        """The model runner this proposer drafts for (runner_patches, at its first step)."""
+        self.runner = runner
+        self.transfers = StepTransfers(runner.device)
 
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load. Called once
@@ -112,34 +130,66 @@ class PTDProposer:
 
     # -- lifecycle ---------------------------------------------------------------------
     def forget(self, req_id: str, finished: bool = False) -> None:
-        """Drop everything held for a request (finished, aborted, preempted or resumed); a
-        finished one's output joins the shared outputs first."""
-        self.blockers.pop(req_id, None)
-        state = self.states.pop(req_id, None)
+        """Drop everything held for a request: all of it when it finished or was aborted
+        (its output joins the shared outputs first), all but why it gets no drafts when it
+        was preempted or resumed (its KV is recomputed, so its layout and mirror are void)."""
+        entry = self.requests.pop(req_id, None)
+        self.kv_mirrors.release(req_id)
+        if entry is None:
+            return
+        state = entry.state
         if finished and state is not None and state.shared is not None:
             state.shared.add(state.output_tokens())   # its own tenant's outputs
-        self.pending.pop(req_id, None)
-        self.records.pop(req_id, None)
-        self.undrafted.pop(req_id, None)
-        self.kv_mirrors.release(req_id)
+        if not finished and entry.blocker is not _UNCHECKED:
+            self.requests[req_id] = RequestEntry(blocker=entry.blocker)
 
-    def fall_back(self, req_id: str, stage: str) -> None:
+    def fall_back(self, req_id: str, stage: str, error: BaseException | None = None) -> None:
         """After an internal error: serve the request by plain decoding until it ends
-        (counted in `fallbacks`, logged with the traceback) and drop its PTD state.
+        (counted in `fallbacks`, logged with the traceback of `error`, else of the exception
+        being handled) and drop its PTD state.
 
         Never raises, since it runs inside the handlers that keep the engine up: counting
         and blocking the request (what keeps it off PTD) cannot fail and come first; logging
         and dropping the state are guarded. State a failed drop leaves behind is released
         when the request ends (`forget` again), and the blocker keeps it from drafting."""
-        self.fallbacks += 1
+        self.counters.fallbacks += 1
         try:
-            logger.exception("PTD %s failed for request %s; it continues without drafts",
-                             stage, req_id)
+            logger.error("PTD %s failed for request %s; it continues without drafts",
+                         stage, req_id, exc_info=error if error is not None else True)
             self.forget(req_id)
         except Exception:  # noqa: BLE001, S110 (the request is blocked below)
             pass
         finally:
-            self.blockers[req_id] = f"PTD {stage} failed"
+            self.requests[req_id] = RequestEntry(blocker=f"PTD {stage} failed")
+
+    def begin_step(self, step: TreeStep) -> None:
+        """The step's trees as prepared (runner `_prepare_inputs`): held until sampling;
+        requests whose set-up failed fall back, foreign drafts end their pending layout."""
+        self.step = step
+        self.counters.masked_blocks += step.masked_blocks
+        for req_id in step.foreign:
+            logger.warning("PTD: scheduled drafts of %s are not its tree; verified linearly "
+                           "this step", req_id)
+            entry = self.requests.get(req_id)
+            if entry is not None:
+                entry.pending = None
+        for req_id, failure in step.failed.items():
+            self.fall_back(req_id, failure.stage, failure.error)
+
+    def take_step(self) -> TreeStep | None:
+        """The step in flight, handed to sampling once (None after)."""
+        step, self.step = self.step, None
+        return step
+
+    def finish_step(self, verdicts: StepVerdicts) -> None:
+        """The step's verdicts: records to learn from at the next proposal, fallbacks."""
+        self.counters.kv_moves += verdicts.kv_moves
+        for req_id, record in verdicts.records.items():
+            entry = self.requests.get(req_id)
+            if entry is not None:
+                entry.record = record
+        for req_id, failure in verdicts.failed.items():
+            self.fall_back(req_id, failure.stage, failure.error)
 
     def step_started(self, num_tokens: int, has_prefill: bool, drafting: int) -> None:
         """Called as each forward step is prepared (`drafting`: requests with draft rows):
@@ -156,24 +206,25 @@ class PTDProposer:
             self.policy.cost.observe(mark[1], seconds, mark[2])
 
     def num_live_states(self) -> int:
-        return (len(self.states) + len(self.pending) + len(self.records) + len(self.blockers)
-                + len(self.undrafted) + len(self.kv_mirrors))
+        return len(self.requests) + len(self.kv_mirrors)
 
     def snapshot(self) -> dict:
         """Counters for tests, benchmarks and logs."""
         steps = self.stats.steps
-        depth = self.accepted_by_depth
+        c = self.counters
+        depth = c.accepted_by_depth
         last = max((k for k, v in enumerate(depth) if v), default=-1)
         out = {**self.stats.summary(), "live_states": self.num_live_states(),
-               "drafted_steps": self.drafted_steps,
-               "kv_moves": self.kv_moves, "masked_blocks": self.masked_blocks,
-               "shared_rows": self.shared_rows,
+               "drafted_steps": c.drafted_steps,
+               "kv_moves": c.kv_moves, "masked_blocks": c.masked_blocks,
+               "shared_rows": c.shared_rows,
                "shared_outputs": 0 if self.shared is None else self.shared.num_outputs,
                "shared_tenants": 0 if self.shared is None else self.shared.num_tenants,
-               "fallbacks": self.fallbacks,
-               "host_ms_per_step": 1e3 * self.host_seconds / steps if steps else 0.0,
+               "fallbacks": c.fallbacks,
+               "host_ms_per_step": 1e3 * c.host_seconds / steps if steps else 0.0,
                "accepted_by_depth": depth[: last + 1],
-               "mean_budget": (self.budget_sum / self.budget_steps if self.budget_steps
+               "transfers": {} if self.transfers is None else vars(self.transfers.counts),
+               "mean_budget": (c.budget_sum / c.budget_steps if c.budget_steps
                                else float(self.config.max_nodes))}
         if self.policy is not None:
             a, b, c = self.policy.cost.coefficients()
@@ -190,14 +241,16 @@ class PTDProposer:
     def blocker(self, req_id: str, params) -> str | None:
         """Why this request gets no drafts (None: it gets drafts), cached per request:
         sampling params never change mid-request."""
-        if req_id not in self.blockers:
-            self.blockers[req_id] = draft_blocker(params, self.raw_logprobs)
-        return self.blockers[req_id]
+        entry = self.requests.setdefault(req_id, RequestEntry())
+        if entry.blocker is _UNCHECKED:
+            entry.blocker = draft_blocker(params, self.raw_logprobs)
+        return entry.blocker
+
+    def pending_layout(self, req_id: str) -> TreeLayout | None:
+        entry = self.requests.get(req_id)
+        return None if entry is None else entry.pending
 
     # -- per step ----------------------------------------------------------------------
-    def record_step(self, req_id: str, layout: TreeLayout, argmax: np.ndarray,
-                    result: VerifyResult) -> None:
-        self.records[req_id] = StepRecord(layout, argmax, result)
 
     def _shared_view(self, req_state):
         """The shared outputs this request drafts from: its own tenant's (`cache_salt`, put
@@ -206,14 +259,13 @@ class PTDProposer:
             return None
         return self.shared.view(getattr(req_state, "cache_salt", None))
 
-    def _state_for(self, req_id: str, req_state) -> PTDRequestState:
-        state = self.states.get(req_id)
-        if state is None:
+    def _entry_for(self, req_id: str, req_state) -> RequestEntry:
+        entry = self.requests.setdefault(req_id, RequestEntry())
+        if entry.state is None:
             stop = set(req_state.sampling_params.all_stop_token_ids or ())
-            state = PTDRequestState(self.config, list(req_state.prompt_token_ids or []),
-                                    frozenset(stop), shared=self._shared_view(req_state))
-            self.states[req_id] = state
-        return state
+            entry.state = PTDRequestState(self.config, list(req_state.prompt_token_ids or []),
+                                          frozenset(stop), shared=self._shared_view(req_state))
+        return entry
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         """Return the next draft tokens of every request in the batch (vLLM's contract).
@@ -242,7 +294,7 @@ class PTDProposer:
             except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
                 self.fall_back(req_id, "drafting")
                 drafts.append([])
-        self.host_seconds += time.perf_counter() - started
+        self.counters.host_seconds += time.perf_counter() - started
         try:
             self._maybe_log()
         except Exception:  # a statistics line is not worth the engine
@@ -261,8 +313,8 @@ class PTDProposer:
                        and self.blocker(req_id, runner.requests[req_id].sampling_params) is None)
         budget = self.policy.choose(len(req_ids), drafting)
         if drafting:
-            self.budget_sum += budget
-            self.budget_steps += 1
+            self.counters.budget_sum += budget
+            self.counters.budget_steps += 1
         return budget
 
     def _learn(self, state: PTDRequestState, rows: int, accepted: int) -> None:
@@ -285,39 +337,42 @@ class PTDProposer:
             logger.info("PTD: DE %.2f, HR %.2f, AL %.2f, C nodes/step %.1f, T nodes/step %.1f "
                         "over %d request-steps; budget %d rows; fallbacks %d", delta.DE,
                         delta.HR, delta.AL, delta.C_per_step, delta.T_per_step, delta.steps,
-                        self.step_budget, self.fallbacks)
+                        self.step_budget, self.counters.fallbacks)
         self._last_log = now
         self._logged = PTDStats(**vars(s))
 
     def _propose_one(self, req_id: str, req_state, sampled: list[int], num_tokens: int,
                      history: np.ndarray) -> list[int]:
         """history: the request's prompt and committed tokens, x last (the runner's row)."""
-        state = self._state_for(req_id, req_state)
-        record = self.records.pop(req_id, None)
+        entry = self._entry_for(req_id, req_state)
+        state = entry.state
+        record, entry.record = entry.record, None
+        undrafted, entry.undrafted = entry.undrafted, None
+        entry.pending = None
         if record is not None:
             state.observe(record.layout, record.argmax, record.result)
             layout, result = record.layout, record.result
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
-            self.drafted_steps += 1
+            self.counters.drafted_steps += 1
             self._learn(state, len(layout) - 1, len(result.accepted))
-            for k in range(min(len(result.accepted), len(self.accepted_by_depth))):
-                self.accepted_by_depth[k] += 1
-        elif req_id in self.undrafted:
-            x, sources_empty = self.undrafted.pop(req_id)
+            depth = self.counters.accepted_by_depth
+            for k in range(min(len(result.accepted), len(depth))):
+                depth[k] += 1
+        elif undrafted is not None:
+            x, sources_empty = undrafted
             state.observe_undrafted(x, sampled)
             self.stats.record(0, 0, 0, len(sampled))
             if sources_empty:
                 # Nothing to draft at a budget above zero (no source, or a chain cut to
                 # nothing): a step of 0 rows. A step the policy gave no budget says nothing.
                 self._learn(state, 0, 0)
-        self.pending.pop(req_id, None)
         if self.blocker(req_id, req_state.sampling_params) is not None:
             return []
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
         budget = min(self.step_budget, self.max_model_len - num_tokens)
         if budget <= 0:
-            self.undrafted[req_id] = (sampled[-1], False)
+            entry.undrafted = (sampled[-1], False)
             return []
         # The context index catches up from the runner's own token row, which also covers
         # a resumed request and steps verified outside PTD.
@@ -329,9 +384,10 @@ class PTDProposer:
                                candidate_cap=cap,
                                chain_policy=self.policy)
         if len(layout) <= 1:
-            self.undrafted[req_id] = (sampled[-1], True)
+            entry.undrafted = (sampled[-1], True)
             return []
         if self.shared is not None:
-            self.shared_rows += rows_from_shared(state.chain_classes[: len(layout) - 1])
-        self.pending[req_id] = layout
+            self.counters.shared_rows += rows_from_shared(
+                state.chain_classes[: len(layout) - 1])
+        entry.pending = layout
         return layout.tokens[1:].tolist()

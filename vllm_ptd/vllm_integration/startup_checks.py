@@ -40,6 +40,10 @@ MROPE = ("M-RoPE (multimodal rotary positions, e.g. Qwen2-VL): PTD writes tree d
          "`positions`, and these models read `mrope_positions`")
 PIPELINE = ("pipeline parallelism: only the last stage runs PTD's drafter, so earlier stages "
             "would attend to tree rows without their positions and masks")
+CONTEXT_PARALLEL = ("context parallelism (decode or prefill): PTD reads its tree rows' KV slots "
+                    "from the block table of one rank")
+MICRO_BATCHING = ("dual batch overlap (micro-batching): tree rows index the whole batch, each "
+                  "micro-batch sees a slice of it")
 SLIDING_WINDOW = "sliding-window attention: PTD's tree attention attends to the whole context"
 SINKS = "attention sinks: PTD's tree attention has no sink term"
 FP8_KV = "an fp8 KV cache: PTD's tree attention and KV compaction read and move raw KV rows"
@@ -58,6 +62,11 @@ def engine_args_refusals(engine_args: Any, model_config: Any, parallel_config: A
         reasons.append(MROPE)
     if (_get(parallel_config, "pipeline_parallel_size", 1) or 1) > 1:
         reasons.append(PIPELINE)
+    if max(_get(parallel_config, "decode_context_parallel_size", 1) or 1,
+           _get(parallel_config, "prefill_context_parallel_size", 1) or 1) > 1:
+        reasons.append(CONTEXT_PARALLEL)
+    if _get(parallel_config, "enable_dbo", False):
+        reasons.append(MICRO_BATCHING)
     window = getattr(model_config, "get_sliding_window", None)
     if callable(window) and window() is not None:
         reasons.append(SLIDING_WINDOW)
