@@ -28,7 +28,7 @@ SETTINGS = {
 }
 NEW_TOKENS = 24
 # Small fixed trees (not chains): every step drafts, with masked attention and KV moves.
-PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0, "draft_shape": 0}
+PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": False, "draft_shape": "tree"}
 
 
 def _requests():

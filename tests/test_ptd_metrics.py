@@ -51,7 +51,7 @@ def test_a_ptd_server_exports_ptd_metrics_and_tree_aware_spec_decode_counters():
 
     # Trees at a fixed budget: a tree has many more rows than its depth, which is what
     # vLLM's draft-token counter now counts.
-    spec = {"method": "ptd", "draft_shape": 0, "adaptive_budget": 0}
+    spec = {"method": "ptd", "draft_shape": "tree", "adaptive_budget": False}
     with vllm_server(default_model_path(), spec) as server:
         before = _scrape(server.root)
         for name in PTD_COUNTERS:

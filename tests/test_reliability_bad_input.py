@@ -176,7 +176,7 @@ def ptd_llm():
 
     # Fixed budget: these cases need trees (paths accepted up to max_model_len, requests
     # ending inside an accepted path) whatever the adaptive budget would pick.
-    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 0}, max_model_len=MAX_LEN,
+    llm = make_llm(ptd={"adaptive_budget": False, "draft_shape": "tree"}, max_model_len=MAX_LEN,
                    max_num_seqs=16)
     yield llm
     del llm

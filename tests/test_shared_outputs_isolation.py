@@ -101,7 +101,7 @@ def test_engine_never_drafts_from_another_salts_outputs() -> None:
     del plain
     gc.collect()
 
-    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 1})
+    llm = make_llm(ptd={"adaptive_budget": False, "draft_shape": "chain"})
 
     def shared_rows_of(llm, salt: str | None) -> int:
         before = snapshot(llm)["shared_rows"]

@@ -34,7 +34,7 @@ def test_a_step_makes_the_same_few_transfers_for_one_request_and_for_many():
 
     from vllm_ptd.engine_utils import make_llm
 
-    llm = make_llm(ptd={"draft_shape": 0, "adaptive_budget": 0}, max_model_len=512)
+    llm = make_llm(ptd={"draft_shape": "tree", "adaptive_budget": False}, max_model_len=512)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=48)
         llm.generate(REPETITIVE_PROMPTS[:1], params, use_tqdm=False)

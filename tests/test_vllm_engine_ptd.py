@@ -95,7 +95,7 @@ def ptd_llm():
     # with it on, its policy is unit-tested in test_core_budget.py). Trees, not the CPU
     # default's chains (those have their own test below): these tests cover tree attention,
     # tree verification and KV compaction.
-    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 0}, max_num_seqs=16)
+    llm = make_llm(ptd={"adaptive_budget": False, "draft_shape": "tree"}, max_num_seqs=16)
     yield llm
     del llm
     gc.collect()
@@ -143,7 +143,7 @@ def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
     finished requests' outputs; output still equals plain decoding."""
     from vllm_ptd.engine_utils import make_llm
 
-    llm = make_llm(ptd={"adaptive_budget": 0, "draft_shape": 1}, max_num_seqs=16)
+    llm = make_llm(ptd={"adaptive_budget": False, "draft_shape": "chain"}, max_num_seqs=16)
     try:
         flat = [p for name in DATASETS for p in prompts[name]]
         got = _generate(llm, flat, 16)
@@ -201,7 +201,7 @@ def test_preemption_with_a_tiny_kv_cache_keeps_output_identical(prompts):
     outputs = {}
     # A fixed budget: this test is about trees across preemption, and under 16 requests the
     # load-adaptive default may rightly draft (almost) nothing.
-    for name, ptd in (("plain", None), ("ptd", {"adaptive_budget": 0, "draft_shape": 0})):
+    for name, ptd in (("plain", None), ("ptd", {"adaptive_budget": False, "draft_shape": "tree"})):
         # 12 blocks of 128 tokens for 16 requests of ~100-250 tokens forces preemption.
         llm = make_llm(ptd=ptd, num_gpu_blocks_override=12, max_model_len=1024,
                        max_num_seqs=16)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 # enough entropy for a wrong rule to show.
 PROMPTS = REPETITIVE_PROMPTS
 # Small fixed trees: many requests per step, each drafted whatever the load.
-PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0, "draft_shape": 0}
+PTD = {"max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": False, "draft_shape": "tree"}
 DRAWS = 200          # continuations per prompt and engine run (the wrong rule: p ~1e-69 at 400)
 POSITIONS = 6        # tokens per continuation
 FAMILY_ALPHA = 1e-3  # family-wise false-alarm rate of one distribution comparison
@@ -120,11 +120,11 @@ def test_seeded_ptd_sampling_does_not_depend_on_the_batch(engines):
 
 
 def test_seeded_chain_sampling_equals_plain_seeded_sampling_for_every_setting(engines):
-    """Chains (draft_shape 1, the CPU default) go through the same tree-sampling rule: with
+    """Chains (draft_shape "chain", the CPU default) go through the same tree-sampling rule: with
     every setting in one batch, seeded requests give plain decoding's exact tokens."""
     from vllm_ptd.engine_utils import make_llm
 
-    chain = make_llm(ptd={**PTD, "draft_shape": 1}, max_num_seqs=256, max_model_len=512)
+    chain = make_llm(ptd={**PTD, "draft_shape": "chain"}, max_num_seqs=256, max_model_len=512)
     try:
         requests = _seeded_requests(engines["plain"])
         want = _run(engines["plain"], requests, batch=len(requests))

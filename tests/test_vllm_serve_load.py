@@ -35,8 +35,8 @@ MAX_MODEL_LEN = 2048
 # affordable on the 2-core CI machine (each tree row is a token the target runs).
 # A fixed budget: under 16 clients on 2 cores the adaptive budget (the default) rightly
 # drafts nothing, and this test is about trees under load (aborts, mixed requests, memory).
-PTD_SPEC = {"method": "ptd", "max_nodes": 12, "max_candidate_nodes": 8, "adaptive_budget": 0,
-            "draft_shape": 0}
+PTD_SPEC = {"method": "ptd", "max_nodes": 12, "max_candidate_nodes": 8, "adaptive_budget": False,
+            "draft_shape": "tree"}
 EXTENSION = "vllm_ptd.vllm_integration.introspection.PTDWorkerExtension"
 # glibc's allocator keeps freed memory and grows its arenas in large steps, which makes RSS a
 # noisy measure of what a process holds. For the memory check the server runs with a fixed

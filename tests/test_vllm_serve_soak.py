@@ -42,8 +42,8 @@ FAULT_PERIOD_S = 0.8
 STAGE_WEIGHTS = {"propose": 2, "layout": 2, "attention": 1, "verify": 2, "compaction": 2,
                  "fallback": 1}
 # Small fixed trees (see test_vllm_serve_load.py): every PTD stage runs under load.
-PTD_SPEC = {"method": "ptd", "max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": 0,
-            "draft_shape": 0}
+PTD_SPEC = {"method": "ptd", "max_nodes": 8, "max_candidate_nodes": 6, "adaptive_budget": False,
+            "draft_shape": "tree"}
 EXTENSION = "fault_injection.PTDFaultExtension"
 STAGES = ("propose", "layout", "attention", "verify", "compaction", "fallback")
 # As in test_vllm_serve_load.py: glibc settings that make RSS a usable measure (test only),

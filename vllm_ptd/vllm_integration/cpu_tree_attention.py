@@ -123,12 +123,8 @@ def build_step_plan(blocks: list[TreeBlock], seq_lens: torch.Tensor,
         # the -inf bias hides and that is never written back.
         block_ids[b] = ids[0]
         block_ids[b, : ids.numel()] = ids
-        prefix = length - blk.size
-        visible = torch.zeros(n, width, dtype=torch.bool)
-        visible[: blk.size, :prefix] = True
-        visible[: blk.size, prefix:length] = blk.mask
-        visible[blk.size:, 0] = True
-        bias[b, 0] = torch.where(visible, 0.0, float("-inf")).repeat(group, 1)
+        bias[b] = block_bias(blk.mask, length - blk.size, group, torch.float32, rows=n,
+                             width=width)[0]
         query_rows[b] = blk.start
         query_rows[b, : blk.size] = torch.arange(blk.start, blk.start + blk.size)
         out_rows.append(torch.arange(blk.start, blk.start + blk.size))
