@@ -138,7 +138,7 @@ def test_ptd_greedy_equals_plain_one_request_at_a_time_per_dataset(
 
 def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
         prompts, plain_outputs, record_property):
-    """draft_shape 1 (the CPU default): every step's layout is a chain, which runs through
+    """draft_shape "chain" (the CPU default): every step's layout is a chain, which runs through
     vLLM's own causal attention kernel, drafted from the request's context, its pool and
     finished requests' outputs; output still equals plain decoding."""
     from vllm_ptd.engine_utils import make_llm
