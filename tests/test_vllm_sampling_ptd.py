@@ -261,7 +261,7 @@ def test_unseeded_ptd_sampling_has_plain_decodings_distribution(engines, plain_d
 
 
 def _argmax_fallback_verify(layout, probs):
-    """The reference code's rule (ptd_algorithm.md): children tried in order with the
+    """The reference code's rule (docs/algorithm.md): children tried in order with the
     residual renormalised, but the bonus is the residual's ARGMAX instead of a sample."""
     from vllm_ptd.core.verify import VerifyResult, candidate_children
 
