@@ -20,10 +20,9 @@ import asyncio
 import random
 import re
 import time
-from dataclasses import dataclass, field
 
 import pytest
-from serve_helpers import SERVED_NAME, Server, vllm_server
+from serve_helpers import SERVED_NAME, Server, Spec, compare, drive, vllm_server
 
 pytestmark = pytest.mark.engine
 
@@ -56,23 +55,6 @@ RSS_GROWTH_BOUND_MIB = 160
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "age"]}
-
-
-@dataclass
-class Spec:
-    index: int
-    endpoint: str            # "chat" or "completion"
-    body: dict               # keyword arguments of the openai client call
-    stream: bool = False
-    abort_after: int = 0     # close the stream after this many chunks (0: read it all)
-    expect_error: bool = False
-
-
-@dataclass
-class Result:
-    choices: dict[int, dict] = field(default_factory=dict)
-    error: str | None = None
-    chunks: int = 0
 
 
 def _questions() -> list[str]:
@@ -130,106 +112,10 @@ def make_specs() -> list[Spec]:
     return specs
 
 
-def _logprobs_of(choice) -> list[float] | None:
-    lp = getattr(choice, "logprobs", None)
-    if lp is None:
-        return None
-    if getattr(lp, "content", None) is not None:  # chat
-        return [t.logprob for t in lp.content]
-    return list(lp.token_logprobs or [])             # completions
-
-
-async def _run_one(client, spec: Spec, streamed: bool) -> Result:
-    from openai import BadRequestError
-
-    api = client.chat.completions if spec.endpoint == "chat" else client.completions
-    out = Result()
-    try:
-        if not streamed:
-            resp = await api.create(**spec.body)
-            for ch in resp.choices:
-                text = ch.message.content if spec.endpoint == "chat" else ch.text
-                out.choices[ch.index] = {"text": text, "finish_reason": ch.finish_reason,
-                                         "token_ids": getattr(ch, "token_ids", None),
-                                         "logprobs": _logprobs_of(ch)}
-            return out
-        stream = await api.create(**spec.body, stream=True)
-        try:
-            async for chunk in stream:
-                out.chunks += 1
-                for ch in chunk.choices:
-                    entry = out.choices.setdefault(ch.index, {"text": "", "finish_reason": None,
-                                                              "token_ids": None,
-                                                              "logprobs": None})
-                    piece = ch.delta.content if spec.endpoint == "chat" else ch.text
-                    entry["text"] += piece or ""
-                    if ch.finish_reason is not None:
-                        entry["finish_reason"] = ch.finish_reason
-                if spec.abort_after and out.chunks >= spec.abort_after:
-                    break
-        finally:
-            await stream.close()
-    except BadRequestError as e:
-        out.error = f"400: {e.body.get('message') if isinstance(e.body, dict) else e}"
-    return out
-
-
-async def _drive(base_url: str, specs: list[Spec], clients: int, streamed: bool
-                 ) -> dict[int, Result]:
-    """`clients` workers take specs from one queue until it is empty."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
-    queue: asyncio.Queue[Spec] = asyncio.Queue()
-    for spec in specs:
-        queue.put_nowait(spec)
-    results: dict[int, Result] = {}
-
-    async def worker():
-        while not queue.empty():
-            spec = queue.get_nowait()
-            results[spec.index] = await _run_one(client, spec, streamed and spec.stream)
-
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    await client.close()
-    return results
-
-
 def _aborted_total(server: Server) -> int:
     """Requests the server aborted because their client went away (logged one per line by
     vLLM's `--enable-log-requests`)."""
     return len(re.findall(r"Request \S+ aborted\.", server.log_path.read_text(errors="replace")))
-
-
-def _compare(specs: list[Spec], got: dict[int, Result], want: dict[int, Result]) -> list[str]:
-    problems = []
-    for spec in specs:
-        g, w = got[spec.index], want[spec.index]
-        if spec.expect_error:
-            if g.error is None or g.error != w.error:
-                problems.append(f"#{spec.index}: refusal differs: {g.error!r} vs {w.error!r}")
-            continue
-        if g.error is not None:
-            problems.append(f"#{spec.index}: error {g.error}")
-            continue
-        if spec.abort_after:
-            continue  # closed by the client: nothing complete to compare
-        if sorted(g.choices) != sorted(w.choices):
-            problems.append(f"#{spec.index}: choices {sorted(g.choices)} vs {sorted(w.choices)}")
-            continue
-        for k, gc in g.choices.items():
-            wc = w.choices[k]
-            for key in ("text", "finish_reason"):
-                if gc[key] != wc[key]:
-                    problems.append(f"#{spec.index}/{k} {spec.endpoint} {key}: "
-                                    f"{gc[key]!r} != {wc[key]!r}")
-            if gc["token_ids"] is not None and gc["token_ids"] != wc["token_ids"]:
-                problems.append(f"#{spec.index}/{k}: token ids differ")
-            if gc["logprobs"] is not None and (
-                    len(gc["logprobs"]) != len(wc["logprobs"])
-                    or any(abs(a - b) > 1e-3 for a, b in zip(gc["logprobs"], wc["logprobs"]))):
-                problems.append(f"#{spec.index}/{k}: logprobs differ")
-    return problems
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +130,7 @@ def plain_answers(specs):
     from vllm_ptd.model import default_model_path
 
     with vllm_server(default_model_path(), None, max_model_len=MAX_MODEL_LEN) as server:
-        return asyncio.run(_drive(server.base_url, specs, clients=32, streamed=False))
+        return asyncio.run(drive(server.base_url, specs, clients=32, streamed=False))
 
 
 def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_answers,
@@ -265,10 +151,10 @@ def test_load_two_rounds_equal_plain_state_released_memory_bounded(specs, plain_
             before = server.settled_snapshot()
             aborted_before = _aborted_total(server)
             started = time.monotonic()
-            got = asyncio.run(_drive(server.base_url, specs, clients=CLIENTS, streamed=True))
+            got = asyncio.run(drive(server.base_url, specs, clients=CLIENTS, streamed=True))
             seconds = time.monotonic() - started
             assert server.healthy(), server.log_tail()
-            assert _compare(specs, got, plain_answers) == []
+            assert compare(specs, got, plain_answers) == []
             snap = server.settled_snapshot()
             assert snap["live_states"] == 0
             assert snap["fallbacks"] == 0

@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from serve_helpers import SERVED_NAME, Server, vllm_server
+from serve_helpers import SERVED_NAME, Result, Server, Spec, compare, drive, vllm_server
 
 pytestmark = pytest.mark.engine
 
@@ -51,25 +50,6 @@ STAGES = ("propose", "layout", "attention", "verify", "compaction", "fallback")
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072",
               "MALLOC_TRIM_THRESHOLD_": "262144"}
 RSS_GROWTH_BOUND_MIB = 160
-
-
-@dataclass
-class Spec:
-    index: int
-    endpoint: str            # "chat" or "completion"
-    body: dict               # keyword arguments of the openai client call
-    comparable: bool         # greedy or seeded: the answer is determined
-    stream: bool = False
-    abort_after: int = 0     # close the stream after this many chunks (0: read it all)
-
-
-@dataclass
-class Result:
-    text: str = ""
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-    error: str | None = None
-    chunks: int = 0
 
 
 def make_specs() -> list[Spec]:
@@ -102,38 +82,10 @@ def make_specs() -> list[Spec]:
         if not stream:
             body["extra_body"]["return_token_ids"] = True
         abort_after = rng.randint(1, 3) if stream and rng.random() < 0.15 else 0
-        specs.append(Spec(i, endpoint, body, kind != "unseeded", stream, abort_after))
+        specs.append(Spec(i, endpoint, body, stream, abort_after,
+                          comparable=kind != "unseeded"))
     rng.shuffle(specs)
     return specs
-
-
-async def _run_one(client, spec: Spec, streamed: bool) -> Result:
-    api = client.chat.completions if spec.endpoint == "chat" else client.completions
-    out = Result()
-    try:
-        if not streamed:
-            resp = await api.create(**spec.body)
-            (choice,) = resp.choices
-            out.text = choice.message.content if spec.endpoint == "chat" else choice.text
-            out.finish_reason = choice.finish_reason
-            out.token_ids = getattr(choice, "token_ids", None)
-            return out
-        stream = await api.create(**spec.body, stream=True)
-        try:
-            async for chunk in stream:
-                out.chunks += 1
-                for choice in chunk.choices:
-                    piece = choice.delta.content if spec.endpoint == "chat" else choice.text
-                    out.text += piece or ""
-                    if choice.finish_reason is not None:
-                        out.finish_reason = choice.finish_reason
-                if spec.abort_after and out.chunks >= spec.abort_after:
-                    break
-        finally:
-            await stream.close()
-    except Exception as e:  # noqa: BLE001 (a lost request is what this test looks for)
-        out.error = f"{type(e).__name__}: {e}"
-    return out
 
 
 async def _inject_randomly(server: Server, done: asyncio.Event, rng: random.Random) -> int:
@@ -152,55 +104,34 @@ async def _inject_randomly(server: Server, done: asyncio.Event, rng: random.Rand
     return requested
 
 
-async def _drive(server: Server, specs: list[Spec], streamed: bool, faults: bool
-                 ) -> tuple[dict[int, Result], int]:
-    """CLIENTS workers take specs from one queue until it is empty; meanwhile faults are
-    injected when `faults`. Returns the results and the number of faults requested."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=600)
-    queue: asyncio.Queue[Spec] = asyncio.Queue()
-    for spec in specs:
-        queue.put_nowait(spec)
-    results: dict[int, Result] = {}
-
-    async def worker():
-        while not queue.empty():
-            spec = queue.get_nowait()
-            results[spec.index] = await _run_one(client, spec, streamed and spec.stream)
-
+async def _drive_with_faults(server: Server, specs: list[Spec]
+                             ) -> tuple[dict[int, Result], int]:
+    """The specs streamed through CLIENTS clients (serve_helpers.drive) while faults are
+    injected beside them. Returns the results and the number of faults requested."""
     done = asyncio.Event()
-    injector = (asyncio.create_task(_inject_randomly(server, done, random.Random(len(specs))))
-                if faults else None)
+    injector = asyncio.create_task(_inject_randomly(server, done, random.Random(len(specs))))
     try:
-        await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+        results = await drive(server.base_url, specs, CLIENTS, streamed=True, any_error=True)
     finally:
         done.set()
-        requested = await injector if injector is not None else 0
-        await client.close()
+        requested = await injector
     return results, requested
+
+
+def _unfinished(result: Result) -> bool:
+    """No finish reason: the request's stream ended without one (or without any choice)."""
+    return not result.choices or any(c["finish_reason"] is None
+                                     for c in result.choices.values())
 
 
 def _problems(specs: list[Spec], got: dict[int, Result], want: dict[int, Result]
               ) -> list[str]:
-    problems = []
-    for spec in specs:
-        g, w = got.get(spec.index), want[spec.index]
-        if g is None:
-            problems.append(f"#{spec.index}: lost")
-        elif g.error is not None:
-            problems.append(f"#{spec.index}: {g.error}")
-        elif spec.abort_after:
-            continue   # closed by the client: nothing complete to compare
-        elif g.finish_reason is None:
-            problems.append(f"#{spec.index}: unfinished")
-        elif spec.comparable:
-            if (g.text, g.finish_reason) != (w.text, w.finish_reason):
-                problems.append(f"#{spec.index} {spec.endpoint}: {g.text!r}/{g.finish_reason} "
-                                f"!= {w.text!r}/{w.finish_reason}")
-            elif g.token_ids is not None and g.token_ids != w.token_ids:
-                problems.append(f"#{spec.index}: token ids differ")
-    return problems
+    """serve_helpers.compare (greedy and seeded answers equal to the reference), and every
+    request not closed by its client finished, sampled ones too."""
+    unfinished = [f"#{s.index}: unfinished" for s in specs
+                  if s.index in got and got[s.index].error is None and not s.abort_after
+                  and _unfinished(got[s.index])]
+    return compare(specs, got, want) + unfinished
 
 
 def test_soak_with_faults_at_random_stages(record_property):
@@ -217,9 +148,9 @@ def test_soak_with_faults_at_random_stages(record_property):
                      env={"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": pythonpath,
                           **MALLOC_ENV}) as server:
         started = time.monotonic()
-        want, _ = asyncio.run(_drive(server, specs, streamed=False, faults=False))
-        assert [s.index for s in specs if want[s.index].error or not want[s.index].finish_reason
-                ] == []
+        want = asyncio.run(drive(server.base_url, specs, CLIENTS, streamed=False,
+                                 any_error=True))
+        assert [s.index for s in specs if want[s.index].error or _unfinished(want[s.index])] == []
         reference = server.settled_snapshot()
         assert reference["fallbacks"] == 0 and reference["live_states"] == 0
         assert reference["drafted_steps"] > 0 and reference["kv_moves"] > 0
@@ -231,7 +162,7 @@ def test_soak_with_faults_at_random_stages(record_property):
         fallbacks_before = reference["fallbacks"]
         for round_no in (1, 2):
             started = time.monotonic()
-            got, requested = asyncio.run(_drive(server, specs, streamed=True, faults=True))
+            got, requested = asyncio.run(_drive_with_faults(server, specs))
             seconds = time.monotonic() - started
             assert server.worker_rpc("ptd_clear_faults")
             assert server.healthy(), server.log_tail()
@@ -250,7 +181,8 @@ def test_soak_with_faults_at_random_stages(record_property):
             fallbacks_before = snap["fallbacks"]
             record_property(f"round{round_no}_seconds", round(seconds, 1))
         # still serving, exactly: one more unfaulted request per endpoint kind
-        again, _ = asyncio.run(_drive(server, specs[:CLIENTS], streamed=False, faults=False))
+        again = asyncio.run(drive(server.base_url, specs[:CLIENTS], CLIENTS, streamed=False,
+                                  any_error=True))
         assert _problems(specs[:CLIENTS], again, want) == []
         assert server.healthy()
     growth = rss[2] - rss[1]
