@@ -246,3 +246,35 @@ def test_interleaved_runs_take_turns_per_generate_call_and_compare_with_plain(mo
     assert rows[0]["mismatches"] is None and rows[1]["mismatches"] == 3
     assert rows[1]["tokens"] == 9
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"   # restored at teardown
+
+
+def test_a_users_prompts_file_becomes_one_workload(tmp_path):
+    from benchmarks.ptd_bench.workloads import load_prompts_file
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('"What is 2+2?"\n\n{"prompt": "Write a haiku."}\n'
+                    '{"turns": ["Name a colour.", "Why that one?"]}\n')
+    work = load_prompts_file(str(path))
+    assert work.dataset == "mine"
+    assert work.conversations == [["What is 2+2?"], ["Write a haiku."],
+                                  ["Name a colour.", "Why that one?"]]
+    assert work.num_requests == 4
+    assert load_prompts_file(str(path), limit=1).conversations == [["What is 2+2?"]]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json\n", "mine.jsonl:1: not JSON"),
+    ('"ok"\n{"prompt": ""}\n', "mine.jsonl:2: expected a non-empty string"),
+    ('{"turns": [1, 2]}\n', "mine.jsonl:1: expected"),
+    ("\n\n", "no prompts"),
+])
+def test_a_bad_prompts_file_names_the_line(tmp_path, text, problem):
+    from benchmarks.ptd_bench.main import main
+    from benchmarks.ptd_bench.workloads import load_prompts_file
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=problem):
+        load_prompts_file(str(path))
+    with pytest.raises(SystemExit, match="--prompts-file: .*" + problem):
+        main(["--prompts-file", str(path)])

@@ -16,7 +16,7 @@ from . import offline, plots, report, server
 from .methods import Method, build_methods, parse_ptd_config, sweep_methods
 from .options import apply_smoke, parser
 from .outputs import add_speedups, compare
-from .workloads import load_workload
+from .workloads import load_prompts_file, load_workload
 
 
 def _cpu_name() -> str:
@@ -196,7 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         apply_smoke(args)
     # Load and validate everything cheap before any engine starts.
-    workloads = [load_workload(d, args.prompts) for d in args.datasets]
+    if args.prompts_file:
+        if args.sweep:
+            raise SystemExit("--sweep runs on the prompt sets, not --prompts-file")
+        try:
+            workloads = [load_prompts_file(args.prompts_file, args.prompts)]
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--prompts-file: {e}") from None
+    else:
+        workloads = [load_workload(d, args.prompts) for d in args.datasets]
     if args.server_url and args.temperature > 0.0:
         raise SystemExit("--temperature applies to offline runs only")
     if args.interleave and (args.sweep or args.server_url):

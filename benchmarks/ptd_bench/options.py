@@ -12,6 +12,7 @@ EPILOG = """examples:
   vllm-ptd bench --smoke
   vllm-ptd bench --datasets mt_bench gsm8k --prompts 10 --max-tokens 256
   vllm-ptd bench --methods plain ptd --ptd '{}' 'small={"max_nodes": 24}' --concurrency 1 4 16 32
+  vllm-ptd bench --interleave --multiprocess --methods plain ngram ptd --prompts-file my.jsonl
   vllm-ptd bench --methods plain ptd --temperature 0.7 --top-p 0.9 --datasets gsm8k
   vllm-ptd bench --methods plain ptd --sweep --sweep-dataset mt_bench --prompts 10
   vllm-ptd bench --server-url http://localhost:8000/v1 --label plain --concurrency 1 8
@@ -30,6 +31,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF model path (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    p.add_argument("--prompts-file", default=None, metavar="FILE.jsonl",
+                   help="your own prompts instead of --datasets: one JSON value a line, a "
+                        'string, {"prompt": str} or {"turns": [str, ...]} (chat template '
+                        "applied, as for the sets)")
     p.add_argument("--prompts", type=int, default=None,
                    help="conversations per set (default: the paper's whole subset)")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request")

@@ -5,7 +5,9 @@ conversation's second prompt only exists once its first answer does."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from vllm_ptd.datasets import first_user_turn, paper_subset
 
@@ -32,6 +34,34 @@ def load_workload(dataset: str, limit: int | None = None, seed: int = 0) -> Work
     else:
         convs = [[first_user_turn(dataset, r)] for r in rows]
     return Workload(dataset, convs)
+
+
+def load_prompts_file(path: str, limit: int | None = None) -> Workload:
+    """A user's own prompts, one JSON value a line: a string (one user turn), or an object
+    with "prompt" (one user turn) or "turns" (user turns of one conversation, each asked
+    after the model's answer to the one before). Blank lines are skipped. The workload is
+    named after the file."""
+    convs = []
+    for number, line in enumerate(Path(path).read_text("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+        if isinstance(value, dict) and "turns" in value:
+            turns = value["turns"]
+        elif isinstance(value, dict) and "prompt" in value:
+            turns = [value["prompt"]]
+        else:
+            turns = [value]
+        if not turns or not all(isinstance(t, str) and t for t in turns):
+            raise ValueError(f"{path}:{number}: expected a non-empty string, "
+                             '{"prompt": str} or {"turns": [str, ...]}')
+        convs.append(list(turns))
+    if not convs:
+        raise ValueError(f"{path}: no prompts")
+    return Workload(Path(path).stem, convs[:limit])
 
 
 def messages_for(turns: list[str], answers: list[str]) -> list[dict]:
