@@ -158,6 +158,23 @@ def test_mt_bench_is_two_turns_and_turn_two_carries_the_first_answer():
     assert load_workload("gsm8k").num_requests == load_workload("mbpp").num_requests == 100
 
 
+def test_the_tune_and_heldout_halves_split_each_set_for_good():
+    from vllm_ptd.datasets import DATASETS, paper_subset
+
+    for name in DATASETS:
+        whole = paper_subset(name)
+        tune, heldout = paper_subset(name, split="tune"), paper_subset(name, split="heldout")
+        assert tune + heldout == whole and abs(len(tune) - len(heldout)) <= 1
+        # the order is fixed: asking again gives the same halves
+        assert paper_subset(name, split="heldout") == heldout
+    # every earlier tuning run took its questions from the first 40 of a set
+    assert all(len(paper_subset(name, split="tune")) >= 40 for name in DATASETS)
+    assert load_workload("gsm8k", 2, split="heldout").conversations[0] == [
+        paper_subset("gsm8k")[50]["question"]]
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        paper_subset("gsm8k", split="test")
+
+
 class _FakeClient:
     """Answers with the number of messages it saw, so turn 2's history is visible."""
 

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             raise SystemExit(f"--prompts-file: {e}") from None
     else:
-        workloads = [load_workload(d, args.prompts) for d in args.datasets]
+        workloads = [load_workload(d, args.prompts, split=args.split) for d in args.datasets]
     if args.server_url and args.temperature > 0.0:
         raise SystemExit("--temperature applies to offline runs only")
     if args.interleave and (args.sweep or args.server_url):
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                          "use vLLM's default multiprocess engine cores)")
     meta = {**machine_meta(), "dtype": args.dtype, "max_tokens": args.max_tokens,
             "sampling": sampling_of(args),
-            "prompts": args.prompts, "concurrency": args.concurrency,
+            "prompts": args.prompts, "split": args.split, "concurrency": args.concurrency,
             "command": "vllm-ptd bench " + shlex.join(sys.argv[1:] if argv is None else argv)}
     if args.server_url:
         meta.update(model=args.server_model or "(served model)", server=args.server_url)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_ptd.datasets import DATASETS
+from vllm_ptd.datasets import DATASETS, SPLITS
 
 from .methods import METHODS
 
@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
                    help="your own prompts instead of --datasets: one JSON value a line, a "
                         'string, {"prompt": str} or {"turns": [str, ...]} (chat template '
                         "applied, as for the sets)")
+    p.add_argument("--split", default="all", choices=SPLITS,
+                   help="which half of each set (fixed): 'tune' to choose settings on, "
+                        "'heldout' to report speed on (default: all of it)")
     p.add_argument("--prompts", type=int, default=None,
                    help="conversations per set (default: the paper's whole subset)")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request")

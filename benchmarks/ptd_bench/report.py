@@ -102,7 +102,9 @@ def render(meta: dict, rows: list[dict], sweep: list[dict]) -> str:
            *([f"- engines: {meta['engines']}"] if meta.get("engines") else []),
            f"- command: `{meta.get('command')}`",
            (f"- {_sampling_text(meta.get('sampling'))}, max {meta.get('max_tokens')} new "
-            f"tokens per request, {meta.get('prompts') or 'all'} conversations per set"), ""]
+            f"tokens per request, {meta.get('prompts') or 'all'} conversations per set"
+            + ("" if meta.get("split", "all") == "all" else f" (its {meta['split']} half)")),
+           ""]
     if meta.get("note"):
         out += [meta["note"], ""]
     for mode in _ordered(r["mode"] for r in rows):

@@ -26,9 +26,11 @@ class Workload:
         return sum(map(len, self.conversations))
 
 
-def load_workload(dataset: str, limit: int | None = None, seed: int = 0) -> Workload:
-    """The paper's subset of `dataset` (first `limit` conversations; None: all of it)."""
-    rows = paper_subset(dataset, seed)[:limit]
+def load_workload(dataset: str, limit: int | None = None, seed: int = 0,
+                  split: str = "all") -> Workload:
+    """The paper's subset of `dataset`, or one half of it (`split`: vllm_ptd.datasets.SPLITS),
+    first `limit` conversations (None: all of it)."""
+    rows = paper_subset(dataset, seed, split)[:limit]
     if dataset == "mt_bench":
         convs = [list(r["turns"]) for r in rows]
     else:
