@@ -90,6 +90,7 @@ class StepCostModel:
     fastest: float = float("inf")    # shortest step seen (s): the outlier guard's yardstick
     _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
     _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    _fit: tuple[float, float, float] | None = None   # coefficients() since the last sample
 
     def observe(self, tokens: int, seconds: float, drafting: int = 1) -> None:
         """A step of `tokens` scheduled tokens, `drafting` of its requests with draft rows."""
@@ -98,9 +99,16 @@ class StepCostModel:
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
         self.samples += 1
+        self._fit = None
 
     def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c); zeros before any sample."""
+        """(a, b, c); zeros before any sample. Solved once per sample: every step reads
+        them two or three times."""
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float, float]:
         weight = self._xtx[0, 0]
         if weight == 0.0:
             return 0.0, 0.0, 0.0

@@ -170,16 +170,35 @@ class PTDPrometheus:
                                    "T), since the engine started.", ["kind"])
         self.budget = gauge("budget", "Draft rows per drafting request chosen for the latest "
                             "step (the load-adaptive budget, or max_nodes).")
+        self._series: dict[int, dict[str, Any]] = {}
+        self._counter_keys = [key for _, key, _ in COUNTERS] + [key for _, key in ROW_KINDS]
         for idx in engine_indexes:   # present (at zero) from the start
             self._update(idx, {})
 
+    def _children(self, idx: int) -> dict[str, Any]:
+        """The labelled series of one engine, looked up once: `labels()` costs a lock and a
+        dict lookup per metric, which on every step of the front end competes with the
+        engine core for the CPU."""
+        children = self._series.get(idx)
+        if children is None:
+            labels = self.labels.get(idx) or [next(iter(self.labels.values()))[0], str(idx)]
+            children = {key: metric.labels(*labels) for key, metric in self.counters.items()}
+            children.update({key: self.rows.labels(*labels, kind) for kind, key in ROW_KINDS})
+            children.update(
+                tokens_per_step=self.tokens_per_step.labels(*labels),
+                hit_rate=self.hit_rate.labels(*labels),
+                accept_length=self.accept_length.labels(*labels),
+                rows_per_step_C=self.rows_per_step.labels(*labels, "C"),
+                rows_per_step_T=self.rows_per_step.labels(*labels, "T"),
+                budget=self.budget.labels(*labels))
+            self._series[idx] = children
+        return children
+
     def _update(self, idx: int, totals: dict[str, Any]) -> None:
-        labels = self.labels.get(idx) or [next(iter(self.labels.values()))[0], str(idx)]
+        series = self._children(idx)
         last = self.last.get(idx, {})
-        for key, metric in self.counters.items():
-            _advance(metric.labels(*labels), totals.get(key, 0), last.get(key, 0))
-        for kind, key in ROW_KINDS:
-            _advance(self.rows.labels(*labels, kind), totals.get(key, 0), last.get(key, 0))
+        for key in self._counter_keys:
+            _advance(series[key], totals.get(key, 0), last.get(key, 0))
         self.last[idx] = dict(totals)
         # The paper's metrics, computed as the worker's own log line computes them.
         stats = PTDStats(steps=totals.get("steps", 0), tokens=totals.get("tokens", 0),
@@ -187,12 +206,12 @@ class PTDPrometheus:
                          accepted_on_hits=totals.get("accepted_on_hits", 0),
                          candidate_nodes=totals.get("rows_c", 0),
                          draft_nodes=totals.get("rows_t", 0))
-        self.tokens_per_step.labels(*labels).set(stats.DE)
-        self.hit_rate.labels(*labels).set(stats.HR)
-        self.accept_length.labels(*labels).set(stats.AL)
-        self.rows_per_step.labels(*labels, "C").set(stats.C_per_step)
-        self.rows_per_step.labels(*labels, "T").set(stats.T_per_step)
-        self.budget.labels(*labels).set(totals.get("budget", 0))
+        series["tokens_per_step"].set(stats.DE)
+        series["hit_rate"].set(stats.HR)
+        series["accept_length"].set(stats.AL)
+        series["rows_per_step_C"].set(stats.C_per_step)
+        series["rows_per_step_T"].set(stats.T_per_step)
+        series["budget"].set(totals.get("budget", 0))
 
     def record(self, totals: dict[str, Any], engine_idx: int | None) -> None:
         self._update(0 if engine_idx is None else engine_idx, totals)
