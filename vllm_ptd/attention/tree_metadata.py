@@ -79,6 +79,25 @@ def attach_tree(per_layer_metadata, tree: TreeAttentionMetadata | None) -> None:
                 setattr(metadata, TREE_ATTRIBUTE, tree)
 
 
+# Class attribute of PTD's Triton backend: it reads packed mask bits and keeps vLLM's
+# unpacked [num_blocks, num_kv_heads, block_size, 2 * head_size] KV cache per layer.
+PACKED_TREE_MASKS = "ptd_packed_tree_masks"
+
+
+def uses_packed_tree_backend(runner) -> bool:
+    """Whether the runner's attention layers run PTD's Triton backend (packed tree masks,
+    Triton KV compaction) rather than the CPU backend (dense masks, the CPU cache packing).
+
+    Read from the backend vLLM chose, not from the device: the device only decides which
+    backend a platform picks by default, and a step's masks and KV moves must match the
+    backend that reads them. Before vLLM built its attention groups the device decides.
+    """
+    for groups in getattr(runner, "attn_groups", None) or ():
+        for group in groups:
+            return bool(getattr(group.backend, PACKED_TREE_MASKS, False))
+    return runner.device.type != "cpu"
+
+
 def tree_of(attn_metadata) -> TreeAttentionMetadata | None:
     """The tree a layer's attention metadata carries this step, or None (a plain step)."""
     return getattr(attn_metadata, TREE_ATTRIBUTE, None)

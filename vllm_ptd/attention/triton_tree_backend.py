@@ -162,6 +162,10 @@ class TritonTreeAttentionImpl(TritonAttentionImpl):
 class TritonTreeAttentionBackend(TritonAttentionBackend):
     """``TRITON_ATTN`` with PTD tree attention; same name, builder and KV layout."""
 
+    # PTD steps on this backend pack their tree masks and move KV with the Triton
+    # compaction (tree_metadata.uses_packed_tree_backend).
+    ptd_packed_tree_masks = True
+
     @staticmethod
     def get_impl_cls() -> type[TritonTreeAttentionImpl]:
         return TritonTreeAttentionImpl

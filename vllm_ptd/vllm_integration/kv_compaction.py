@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vllm_ptd.attention.tree_metadata import uses_packed_tree_backend
 from vllm_ptd.vllm_integration.step_transfers import StepTransfers
 
 
@@ -19,7 +20,9 @@ def compact_accepted_kv(runner, pairs: np.ndarray, transfers: StepTransfers) -> 
     caches = [c for c in runner.kv_caches if c is not None]
     if not caches:
         return
-    if caches[0].device.type == "cpu":
+    # The cache's layout is the attention backend's (the CPU backend packs it per ISA, the
+    # Triton backend keeps it unpacked), whatever the device.
+    if not uses_packed_tree_backend(runner):
         pairs = torch.from_numpy(np.ascontiguousarray(pairs))
         _compact_cpu(runner, caches, pairs[0], pairs[1])
         return

@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, TreeBlock
+from vllm_ptd.attention.tree_metadata import (
+    TreeAttentionMetadata,
+    TreeBlock,
+    uses_packed_tree_backend,
+)
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.vllm_integration.step_transfers import StepTransfers
 
@@ -108,7 +112,8 @@ def build_tree_step(runner, pending_layout: Callable[[str], TreeLayout | None], 
         runner.positions[index_and_positions[0]] = index_and_positions[1].to(
             runner.positions.dtype)
         step.attention = tree_attention_metadata(
-            blocks, num_scheduled_tokens[: runner.input_batch.num_reqs], kv_mirrors, transfers)
+            blocks, num_scheduled_tokens[: runner.input_batch.num_reqs], kv_mirrors, transfers,
+            packed=uses_packed_tree_backend(runner))
     except Exception as error:  # noqa: BLE001 (the proposer logs it; never take the engine down)
         # No tree masks this step: every row attends causally. A masked request's x row
         # (its first, at position p either way) is still exactly plain decoding's row, so
@@ -150,8 +155,13 @@ def kv_slots(block_table, idx: int, p: int, n: int) -> np.ndarray:
 
 
 def tree_attention_metadata(blocks: list[TreeBlock], num_scheduled_tokens: np.ndarray,
-                            kv_mirrors, transfers: StepTransfers) -> TreeAttentionMetadata:
-    if transfers.device.type == "cpu":
+                            kv_mirrors, transfers: StepTransfers,
+                            packed: bool | None = None) -> TreeAttentionMetadata:
+    """packed: the Triton backend reads the step (packed mask bits); else the CPU backend.
+    None: decided by the transfers' device (the platform's default backend)."""
+    if packed is None:
+        packed = transfers.device.type != "cpu"
+    if not packed:
         # The CPU backend attends per block from the dense masks (and the requests' KV
         # mirrors); no packed bits needed.
         return TreeAttentionMetadata(torch.zeros(0, 1, dtype=torch.int32), 1, None, blocks,
