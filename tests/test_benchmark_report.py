@@ -265,6 +265,30 @@ def test_interleaved_runs_take_turns_per_generate_call_and_compare_with_plain(mo
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"   # restored at teardown
 
 
+def test_repeat_runs_each_workload_again_with_the_caches_kept(monkeypatch):
+    from benchmarks.ptd_bench import main as bench_main
+    from benchmarks.ptd_bench import offline
+    from benchmarks.ptd_bench.methods import Method
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    log: list = []
+    resets: list = []
+    monkeypatch.setattr(offline, "build_engine", lambda m, *a: _FakeLLM(m.label, log, [1, 2]))
+    monkeypatch.setattr(offline, "warm_up", lambda llm: None)
+    monkeypatch.setattr(offline, "reset_caches", lambda llm, m: resets.append(m.label))
+    args = SimpleNamespace(interleave=True, repeat=True, model=None, dtype="float32",
+                           concurrency=[2], max_model_len=64, compile=False, max_tokens=8,
+                           no_progress=True, save_outputs=False, temperature=0.0, top_p=1.0,
+                           seed=0)
+    methods_ = [Method("plain", "plain"), Method("other", "ngram")]
+    rows, _ = bench_main.run_offline(args, methods_, [Workload("gsm8k", [["q1"], ["q2"]])])
+    assert [(r["method"], r["dataset"]) for r in rows] == [
+        ("plain", "gsm8k"), ("other", "gsm8k"),
+        ("plain", "gsm8k, repeated"), ("other", "gsm8k, repeated")]
+    assert resets == ["plain", "other"]   # the cold runs only
+    assert len(log) == 4
+
+
 def test_a_users_prompts_file_becomes_one_workload(tmp_path):
     from benchmarks.ptd_bench.workloads import load_prompts_file
 

@@ -28,6 +28,19 @@ def test_tenants_see_only_their_own_outputs() -> None:
     assert shared.num_outputs == 2 and shared.num_tenants == 2
 
 
+def test_clearing_forgets_every_tenant_and_running_views_see_nothing() -> None:
+    shared = TenantSharedOutputs(max_tokens=256, max_n=3)
+    view = shared.view("alice")
+    shared.add("alice", ANSWER)
+    shared.add("bob", ANSWER)
+    assert view.best_path([9, 40, 41], 4, 4)[1] == [42, 43, 44, 45]
+    assert shared.clear() == 2
+    assert len(shared) == 0 and shared.num_tenants == 0
+    assert view.best_path([9, 40, 41], 4, 4) == (0, [], [])
+    view.add(ANSWER)   # and it fills again
+    assert view.best_path([9, 40, 41], 4, 4)[1] == [42, 43, 44, 45]
+
+
 def _chain_state(shared, salt) -> PTDRequestState:
     config = PTDConfig(draft_shape=CHAIN, context_ngram=3, context_min_ngram=1,
                        shared_outputs=256)

@@ -77,29 +77,41 @@ def run_offline_interleaved(args, methods: list[Method], workloads,
     rows = []
     for conc in args.concurrency:
         for workload in workloads:
-            turns = {m.label: offline.iter_workload(engines[m.label], m, workload, conc,
-                                                    args.max_tokens, None, False,
-                                                    sampling_of(args)) for m in methods}
-            results = {}
-            while turns:
-                for label in list(turns):
-                    result = next(turns[label])
-                    if result is not None:
-                        results[label] = result
-                        del turns[label]
-                    else:
-                        progress(f"{label} | {workload.dataset}")
-            plain = next((results[m.label][1] for m in methods if m.kind == "plain"), None)
-            for method in methods:
-                row, outputs = results[method.label]
-                if plain is not None and method.kind != "plain":
-                    row.update(compare(outputs, plain, workload))
-                if args.save_outputs:
-                    row["outputs"] = outputs
-                rows.append(row)
-                print(f"[bench] {_summary(row)}", file=sys.stderr, flush=True)
+            # --repeat: the same prompts again at once, caches kept (prompts users repeat)
+            for cold in (True, False) if getattr(args, "repeat", False) else (True,):
+                rows += _take_turns(args, methods, engines, workload, conc, cold, progress)
     engines.clear()  # shuts the engines (and their engine-core processes) down
     gc.collect()
+    return rows
+
+
+def _take_turns(args, methods: list[Method], engines: dict, workload, conc: int, cold: bool,
+                progress) -> list[dict]:
+    """One workload at one concurrency, the methods taking turns per `generate` call."""
+    turns = {m.label: offline.iter_workload(engines[m.label], m, workload, conc,
+                                            args.max_tokens, None, False, sampling_of(args),
+                                            cold) for m in methods}
+    results = {}
+    while turns:
+        for label in list(turns):
+            result = next(turns[label])
+            if result is not None:
+                results[label] = result
+                del turns[label]
+            else:
+                progress(f"{label} | {workload.dataset}")
+    plain = next((results[m.label][1] for m in methods if m.kind == "plain"), None)
+    rows = []
+    for method in methods:
+        row, outputs = results[method.label]
+        if not cold:
+            row["dataset"] = f"{workload.dataset}, repeated"
+        if plain is not None and method.kind != "plain":
+            row.update(compare(outputs, plain, workload))
+        if args.save_outputs:
+            row["outputs"] = outputs
+        rows.append(row)
+        print(f"[bench] {_summary(row)}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -209,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--temperature applies to offline runs only")
     if args.interleave and (args.sweep or args.server_url):
         raise SystemExit("--interleave applies to offline runs without --sweep")
+    if args.repeat and not args.interleave:
+        raise SystemExit("--repeat applies to --interleave")
     if args.multiprocess and not args.interleave:
         raise SystemExit("--multiprocess applies to --interleave (other offline runs already "
                          "use vLLM's default multiprocess engine cores)")

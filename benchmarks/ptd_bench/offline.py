@@ -35,13 +35,18 @@ def warm_up(llm) -> None:
 
 def reset_caches(llm, method: Method) -> None:
     """Every timed run starts cold: the same prompts run once per concurrency level, and
-    prefix caching (all methods) or suffix decoding's response cache would otherwise replay
-    the previous run."""
+    prefix caching (all methods), suffix decoding's response cache or PTD's shared outputs
+    would otherwise replay the previous run. (What the engines learned, such as PTD's cost
+    and acceptance models, stays: a served engine keeps it too.)"""
     llm.reset_prefix_cache()
     if method.kind == "suffix":
         from .worker_rpc import reset_suffix_cache
 
         llm.collective_rpc(reset_suffix_cache)
+    elif method.kind == "ptd":
+        from .worker_rpc import reset_ptd_shared_outputs
+
+        llm.collective_rpc(reset_ptd_shared_outputs)
 
 
 def _read(llm, method: Method) -> dict | None:
@@ -70,12 +75,14 @@ def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_
 
 def iter_workload(llm, method: Method, workload: Workload, concurrency: int, max_tokens: int,
                   reference: list[list[int]] | None = None, progress: bool = True,
-                  sampling: dict | None = None):
+                  sampling: dict | None = None, cold: bool = True):
     """`run_workload` one `generate` call at a time: yields None after each call and the
-    (row, outputs) result last, so that several methods can take turns (`--interleave`)."""
+    (row, outputs) result last, so that several methods can take turns (`--interleave`).
+    cold=False keeps what the caches hold from the previous run (`--repeat`)."""
     from vllm import SamplingParams
 
-    reset_caches(llm, method)
+    if cold:
+        reset_caches(llm, method)
     tok = llm.get_tokenizer()
     sampling = dict(sampling or {"temperature": 0.0})
     seed = sampling.pop("seed", None)

@@ -57,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
                    help="keep every method's engine alive (in-process) and run each workload "
                         "with all methods back to back: ratios robust to a shared machine's "
                         "slow spells (not with --sweep)")
+    p.add_argument("--repeat", action="store_true",
+                   help="with --interleave: after each workload, run it again at once with "
+                        "every cache kept (prefix cache, suffix's responses, PTD's shared "
+                        "outputs): rows '<set>, repeated'")
     p.add_argument("--multiprocess", action="store_true",
                    help="with --interleave: vLLM's default multiprocess engine cores (what "
                         "`LLM` and `vllm serve` run) instead of in-process ones")

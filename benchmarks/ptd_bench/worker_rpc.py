@@ -24,3 +24,11 @@ def reset_suffix_cache(worker) -> int:
     for req_id in cached:
         cache.evict_cached_response(req_id)
     return len(cached)
+
+
+def reset_ptd_shared_outputs(worker) -> int:
+    """Forget the finished outputs PTD's chains draft from (the counterpart of suffix
+    decoding's cached responses); returns how many tenants were dropped, 0 without them."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    shared = getattr(drafter, "shared", None)
+    return 0 if shared is None else shared.clear()

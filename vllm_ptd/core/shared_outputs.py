@@ -128,6 +128,13 @@ class TenantSharedOutputs:
             total -= len(self._tenants.pop(oldest))
             self.dropped_tenants += 1
 
+    def clear(self) -> int:
+        """Forget every tenant's outputs (running requests' views stay valid and see none);
+        returns how many tenants were dropped."""
+        dropped = len(self._tenants)
+        self._tenants.clear()
+        return dropped
+
     def best_path(self, salt: str | None, history: Sequence[int], max_depth: int,
                   max_matches: int) -> tuple[int, list[int], list[int]]:
         """`SharedOutputs.best_path` over this salt's outputs only."""
