@@ -171,9 +171,9 @@ def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each
     # no context match: the pool's freshest branch
     assert chain_rows(None, pool_root, 8, 2, 4)[0] == [4, 5, 8]
     assert chain_rows(None, None, 8, 2, 4) == ([], [])
-    every = {row_class(s, n, d) for s in range(9) for n in range(1, 9) for d in range(1, 9)}
+    every = {row_class(s, n, d) for s in range(9) for n in range(1, 20) for d in range(1, 9)}
     # distinct classes: the pool has no n-gram bucket, matches no bucket 0
-    assert min(every) == 0 and max(every) == NUM_CLASSES - 1 and len(every) == 4 * (1 + 8 * 4)
+    assert min(every) == 0 and max(every) == NUM_CLASSES - 1 and len(every) == 4 * (1 + 8 * 5)
 
     # Other requests' outputs win when they match a longer n-gram: "1 2 3" -> 9 9
     shared = SharedOutputs(max_tokens=64, max_n=3)
@@ -206,3 +206,34 @@ def test_shared_outputs_stay_bounded_and_never_continue_across_outputs() -> None
     assert shared.best_path([19, 20], 4, 4) == (2, [21], [1])
     with pytest.raises(ValueError, match="max_tokens"):
         SharedOutputs(max_tokens=0, max_n=2)
+
+
+def test_a_match_is_followed_back_to_report_its_length() -> None:
+    # "7 1 2 3 4 5" occurs, then the history ends with "9 1 2 3 4 5": a 2-gram index
+    # matches "4 5" and the match goes on agreeing back to "1", not to "7" / "9"
+    history = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2, 3, 4, 5]
+    short = ContextIndex(max_n=2)
+    short.extend(history)
+    assert short.best_path(4, 4)[:2] == (2, [6, 8, 9, 1])
+    measured = ContextIndex(max_n=2, max_length=16)
+    measured.extend(history)
+    assert measured.best_path(4, 4)[:2] == (5, [6, 8, 9, 1])
+    capped = ContextIndex(max_n=2, max_length=3)
+    capped.extend(history)
+    assert capped.best_path(4, 4)[0] == 3
+    # a shorter n-gram match is not followed back (a longer n-gram would have matched)
+    one = ContextIndex(max_n=2, min_n=1, max_length=16)
+    one.extend([5, 6, 1, 2, 3, 8, 6])
+    assert one.best_path(4, 4)[0] == 1
+
+
+def test_a_repeated_answer_in_the_shared_outputs_is_a_long_match() -> None:
+    answer = list(range(100, 140))
+    shared = SharedOutputs(max_tokens=1024, max_n=4, max_length=32)
+    shared.add([1, 2, 3])
+    shared.add(answer)
+    n, tokens, _ = shared.best_path([50, 51] + answer[:20], 8, 4)
+    assert n == 20 and tokens == answer[20:28]
+    # matches never run across the separator between two outputs
+    n, _, _ = shared.best_path([1, 2, 3] + answer[:2], 8, 4)
+    assert n == 2

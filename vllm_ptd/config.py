@@ -115,6 +115,11 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
                            "tree (0: off). Outputs are unchanged either way; set 0 where "
                            "requests' acceptance rates must not depend on each other"),
     "context_depth": _int(1, 64, "tokens taken after each occurrence"),
+    "match_length": _int(0, 64,
+                         "chains: how far back a match of context_ngram tokens is followed to "
+                         "measure its length, the evidence by which a row's acceptance is "
+                         "learned (a long match, such as a repeated answer, runs long chains "
+                         "at any load); 0: the n-gram's length only"),
     "seed": _int(0, 2**63 - 1, "seed of the draft-tree seeding RNG (mixed with the prompt)"),
 }
 
@@ -148,6 +153,7 @@ class PTDConfig:
     context_min_ngram: int = 2
     context_matches: int = 4
     context_depth: int = 8
+    match_length: int = 32
     shared_outputs: int = 65536
     seed: int = 0
 

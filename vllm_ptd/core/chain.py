@@ -24,8 +24,10 @@ from vllm_ptd.core.shared_outputs import SharedOutputs
 POOL = 0
 CONTEXT, SHARED = 1, 5   # + 2 * (several occurrences agree) + (the pool agrees)
 NUM_SOURCES = 9
-NGRAM_BUCKETS = (0, 1, 2, 3, 3)   # matched n-gram length -> bucket; 5 and longer: 4
-NUM_NGRAM_BUCKETS = 5
+# match length -> bucket: 1, 2, 3-4, 5-11 and 12 or longer (the last two only when a match of
+# context_ngram tokens is followed further back, config match_length)
+NGRAM_BUCKETS = (0, 1, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4)
+NUM_NGRAM_BUCKETS = 6
 MAX_DEPTH_BUCKET = 4     # rows 4 deep or deeper share a class
 NUM_CLASSES = NUM_SOURCES * NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
 

@@ -24,13 +24,17 @@ class ContextIndex:
         max_n: longest n-gram matched (the suffix of the history that is looked up).
         min_n: shortest n-gram that may be used when no longer one matched.
         max_positions: positions kept per n-gram (the most recent).
+        max_length: how far back a match of max_n tokens is followed to report its length
+            (`best_path`'s n; at most max_length, and never less than max_n).
     """
 
-    def __init__(self, max_n: int, min_n: int = 1, max_positions: int = 16):
+    def __init__(self, max_n: int, min_n: int = 1, max_positions: int = 16,
+                 max_length: int = 0):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_n = max_n
         self.min_n = min_n
+        self.max_length = max(max_length, max_n)
         self.max_positions = max_positions
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}
@@ -68,9 +72,11 @@ class ContextIndex:
                   ) -> tuple[int, list[int], list[int]]:
         """The first path of `continuations` (the most frequent child at each level, the
         most recent on ties) with its evidence: (n, tokens, counts), n the length of the
-        matched n-gram (0: no match) and counts[i] how many of the occurrences used agree
-        with tokens[:i + 1]. query: look up the end of this token sequence instead of the
-        index's own history (another request's, for a shared index)."""
+        match (0: none; the n-gram's, or for one of max_n tokens as far back as the longest
+        of the occurrences used goes on agreeing, up to max_length) and counts[i] how many of
+        the occurrences used agree with tokens[:i + 1]. query: look up the end of this token
+        sequence instead of the index's own history (another request's, for a shared
+        index)."""
         n, counts = self._match(max_depth, max_matches, query)
         tokens: list[int] = []
         agree: list[int] = []
@@ -96,8 +102,11 @@ class ContextIndex:
                 break
         else:
             return 0, {}
+        used = ends[-max_matches:]
+        if n == self.max_n and self.max_length > n:
+            n = max(self._match_length(query, end, n) for end in used)
         counts: dict = {}
-        for end in reversed(ends[-max_matches:]):  # most recent first
+        for end in reversed(used):  # most recent first
             node = counts
             for tok in toks[end + 1: min(end + 1 + max_depth, last + 1)]:
                 if tok < 0:
@@ -108,6 +117,16 @@ class ContextIndex:
                 entry[0] += 1
                 node = entry[1]
         return n, counts
+
+
+    def _match_length(self, query: Sequence[int], end: int, n: int) -> int:
+        """How many tokens before `end` (inclusive) agree with the end of `query`, knowing
+        the last n do, up to max_length (separators never agree: they are negative)."""
+        toks = self.tokens
+        limit = min(self.max_length, end + 1, len(query))
+        while n < limit and toks[end - n] == query[len(query) - 1 - n]:
+            n += 1
+        return n
 
 
 def _by_count(counts: dict) -> TrieDict:

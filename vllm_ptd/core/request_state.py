@@ -82,7 +82,9 @@ class PTDRequestState:
         self.tree.seed_from_prompt(prompt_token_ids, random.Random(base))
         self.context: ContextIndex | None = None
         if config.context_ngram > 0:
-            self.context = ContextIndex(config.context_ngram, config.context_min_ngram)
+            self.context = ContextIndex(
+                config.context_ngram, config.context_min_ngram,
+                max_length=config.match_length if config.draft_shape == CHAIN else 0)
             self.context.extend(prompt_token_ids)
         self.stats = PTDStats()
         # What the last propose() returned, to map rows back to T nodes in observe().

@@ -32,17 +32,22 @@ class SharedOutputs:
         max_tokens: most tokens indexed (separators included).
         max_n: longest n-gram matched.
         min_n: shortest n-gram that may match.
+        max_length: as `ContextIndex`'s (how far back a match's length is measured).
     """
 
-    def __init__(self, max_tokens: int, max_n: int, min_n: int = 1):
+    def __init__(self, max_tokens: int, max_n: int, min_n: int = 1, max_length: int = 0):
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
         self.max_n = max_n
         self.min_n = min_n
+        self.max_length = max(max_length, max_n)
         self.num_outputs = 0   # outputs added, dropped ones included
-        self._older = ContextIndex(max_n, min_n)
-        self._newer = ContextIndex(max_n, min_n)
+        self._older = self._index()
+        self._newer = self._index()
+
+    def _index(self) -> ContextIndex:
+        return ContextIndex(self.max_n, self.min_n, max_length=self.max_length)
 
     def __len__(self) -> int:
         return len(self._older) + len(self._newer)
@@ -54,7 +59,7 @@ class SharedOutputs:
         if not tokens:
             return
         if len(self._newer) + len(tokens) + 1 > half:
-            self._older, self._newer = self._newer, ContextIndex(self.max_n, self.min_n)
+            self._older, self._newer = self._newer, self._index()
         self._newer.extend(tokens + [SEPARATOR])
         self.num_outputs += 1
 
@@ -63,7 +68,7 @@ class SharedOutputs:
         """What followed the longest n-gram ending `history` in earlier outputs:
         (n, tokens, agreeing occurrences), as `ContextIndex.best_path`; the newer index's
         match unless the older one matches a longer n-gram."""
-        query = history[-self.max_n:]
+        query = history[-self.max_length:]
         best = (0, [], [])
         for index in (self._newer, self._older):
             if len(index):
@@ -85,11 +90,12 @@ class TenantSharedOutputs:
 
     Args:
         max_tokens: most tokens indexed over all tenants (separators included).
-        max_n, min_n: as `SharedOutputs`.
+        max_n, min_n, max_length: as `SharedOutputs`.
         max_tenants: most salts kept.
     """
 
-    def __init__(self, max_tokens: int, max_n: int, min_n: int = 1, max_tenants: int = 64):
+    def __init__(self, max_tokens: int, max_n: int, min_n: int = 1, max_tenants: int = 64,
+                 max_length: int = 0):
         if max_tokens <= 0 or max_tenants <= 0:
             raise ValueError(f"max_tokens and max_tenants must be positive, got {max_tokens} "
                              f"and {max_tenants}")
@@ -97,6 +103,7 @@ class TenantSharedOutputs:
         self.max_n = max_n
         self.min_n = min_n
         self.max_tenants = max_tenants
+        self.max_length = max_length
         self.num_outputs = 0       # outputs added, over all tenants, dropped ones included
         self.dropped_tenants = 0   # tenants dropped to hold the bounds
         # Oldest first: a tenant moves to the end whenever it adds an output.
@@ -117,7 +124,7 @@ class TenantSharedOutputs:
         """Index one finished output of a request with this salt."""
         shared = self._tenants.pop(salt, None)
         if shared is None:
-            shared = SharedOutputs(self.max_tokens, self.max_n, self.min_n)
+            shared = SharedOutputs(self.max_tokens, self.max_n, self.min_n, self.max_length)
         self._tenants[salt] = shared    # newest
         shared.add(output)
         self.num_outputs += 1

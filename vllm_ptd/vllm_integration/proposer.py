@@ -108,7 +108,8 @@ class PTDProposer:
         self.shared: TenantSharedOutputs | None = None
         if cfg.draft_shape == CHAIN and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
             self.shared = TenantSharedOutputs(cfg.shared_outputs, cfg.context_ngram,
-                                              cfg.context_min_ngram)
+                                              cfg.context_min_ngram,
+                                              max_length=cfg.match_length)
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
             self.policy = BudgetPolicy(self.config.max_nodes,
