@@ -16,7 +16,7 @@ from . import offline, plots, report, server
 from .methods import Method, build_methods, parse_ptd_config, sweep_methods
 from .options import apply_smoke, parser
 from .outputs import add_speedups, compare
-from .workloads import load_prompts_file, load_workload
+from .workloads import REPEATED, load_prompts_file, load_workload
 
 
 def _cpu_name() -> str:
@@ -105,7 +105,7 @@ def _take_turns(args, methods: list[Method], engines: dict, workload, conc: int,
     for method in methods:
         row, outputs = results[method.label]
         if not cold:
-            row["dataset"] = f"{workload.dataset}, repeated"
+            row["dataset"] = workload.dataset + REPEATED
         if plain is not None and method.kind != "plain":
             row.update(compare(outputs, plain, workload))
         if args.save_outputs:

@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; benchmark machines have no display
 import matplotlib.pyplot as plt
 
-from .workloads import TITLES
+from .workloads import title
 
 
 def speedup_bars(rows: list[dict], path: str, mode: str, concurrency: int) -> None:
@@ -24,7 +24,7 @@ def speedup_bars(rows: list[dict], path: str, mode: str, concurrency: int) -> No
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(datasets))]
         ax.bar(xs, [value.get((method, d), 0.0) for d in datasets], width, label=method)
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xticks(range(len(datasets)), [TITLES.get(d, d) for d in datasets])
+    ax.set_xticks(range(len(datasets)), [title(d) for d in datasets])
     ax.set_ylabel("speedup over plain")
     ax.set_title(f"{mode}, {concurrency} at once")
     if methods:  # a plain-only run (e.g. the plain server) has no bars
@@ -43,7 +43,7 @@ def speedup_vs_concurrency(rows: list[dict], path: str, mode: str) -> None:
             pts = sorted((r["concurrency"], r["speedup"]) for r in rows
                          if r["method"] == method and r["dataset"] == dataset)
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"{method}, {TITLES.get(dataset, dataset)}")
+                ax.plot(*zip(*pts), marker="o", label=f"{method}, {title(dataset)}")
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("requests at once")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from statistics import mean
 
-from .workloads import TITLES
+from .workloads import title
 
 
 def _f(value, fmt: str = "{:.2f}", none: str = "-") -> str:
@@ -21,7 +21,7 @@ def paper_table(rows: list[dict], mode: str, concurrency: int) -> str:
     rows = [r for r in rows if r["mode"] == mode and r["concurrency"] == concurrency]
     datasets = _ordered(r["dataset"] for r in rows)
     cell = {(r["method"], r["dataset"]): r for r in rows}
-    head = ["Method"] + [f"{TITLES.get(d, d)} {k}" for d in datasets for k in ("Speedup", "DE")]
+    head = ["Method"] + [f"{title(d)} {k}" for d in datasets for k in ("Speedup", "DE")]
     head += ["Mean Speedup", "Mean DE"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in _ordered(r["method"] for r in rows):
@@ -52,7 +52,7 @@ def detail_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         mism = r.get("mismatches")
-        cols = [r["method"], TITLES.get(r["dataset"], r["dataset"]), r["mode"],
+        cols = [r["method"], title(r["dataset"]), r["mode"],
                 str(r["concurrency"]), _f(r["tokens_per_s"], "{:.1f}"),
                 _f(r.get("speedup"), "{:.2f}x"), _f(r.get("DE")), _f(r.get("HR")),
                 _f(r.get("AL")), _f(r.get("C_nodes_per_step"), "{:.1f}"),
@@ -69,7 +69,7 @@ def sweep_table(rows: list[dict]) -> str:
     for r in rows:
         mism = r.get("mismatches")
         lines.append("| " + " | ".join([
-            str(r["width"]), str(r["depth"]), TITLES.get(r["dataset"], r["dataset"]),
+            str(r["width"]), str(r["depth"]), title(r["dataset"]),
             _f(r["tokens_per_s"], "{:.1f}"), _f(r.get("speedup"), "{:.2f}x"), _f(r.get("DE")),
             _f(r.get("HR")), _f(r.get("AL")), _f(r.get("C_nodes_per_step"), "{:.1f}"),
             _f(r.get("T_nodes_per_step"), "{:.1f}"), "-" if mism is None else str(mism),

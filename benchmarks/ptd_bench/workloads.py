@@ -14,6 +14,14 @@ from vllm_ptd.datasets import first_user_turn, paper_subset
 # Column titles of the paper's tables.
 TITLES = {"mt_bench": "MT-Bench", "gsm8k": "GSM-100", "humaneval": "HumanEval",
           "mbpp": "MBPP-100"}
+REPEATED = ", repeated"   # the dataset name of a workload's second run (--repeat)
+
+
+def title(dataset: str) -> str:
+    """A table's name for a workload: the paper's for its sets, else the name itself."""
+    if dataset.endswith(REPEATED):
+        return title(dataset[: -len(REPEATED)]) + REPEATED
+    return TITLES.get(dataset, dataset)
 
 
 @dataclass(frozen=True)
