@@ -260,7 +260,14 @@ class BudgetPolicy:
     # `clear_explore_factor` times less often.
     clear_margin: float = 1.25
     clear_explore_factor: int = 4
+    # Chains: after this many batch steps in a row without any chain, one step runs every
+    # chain whole. Prices that drafting never pays are never revised otherwise (a class no
+    # row of which runs keeps its prior; steps without drafts do not inform the cost of
+    # drafting), and a noisy spell can leave a busy engine declining even a repeated
+    # answer's near-certain rows for good.
+    chain_explore_after: int = 32
     _choices: int = 0
+    _batches_without_chain: int = 0
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
     # Chains only: what one row and one chain cost this step, in tokens (set by choose()).
@@ -280,7 +287,12 @@ class BudgetPolicy:
         if num_drafting <= 0 or self.max_nodes <= 0:
             return 0
         if self.chain:
-            self._set_chain_prices(num_requests, num_drafting)
+            self._batches_without_chain += 1
+            if self._batches_without_chain > self.chain_explore_after:
+                self.row_price = self.chain_price = 0.0
+                self._batches_without_chain = 0
+            else:
+                self._set_chain_prices(num_requests, num_drafting)
             return self.max_nodes
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
@@ -343,4 +355,5 @@ class BudgetPolicy:
         `accepted`; rows 0 for a step whose chain was cut or empty."""
         self.usage.record(rows, accepted)
         if rows:
+            self._batches_without_chain = 0
             self.rows_model.record(list(classes)[:rows], accepted)
