@@ -224,18 +224,20 @@ def test_chain_policy_keeps_every_row_until_the_cost_model_has_samples() -> None
     assert policy.choose(4, 0) == 0
 
 
-def test_chain_policy_runs_every_chain_whole_after_a_long_spell_without_any() -> None:
+def test_chain_policy_runs_one_chain_whole_after_a_long_spell_without_any() -> None:
     policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
     for _ in range(200):
         policy.rows_model.record([0] * 4, 0)          # rows of this class never accepted
     lengths = []
     for _ in range(2 * policy.chain_explore_after + 2):
         policy.choose(16, 16)
-        lengths.append(policy.chain_length([0] * 4))
-    # declined, then one exploring step (every row runs), then declined again
+        # two requests of the batch ask for their chains
+        lengths.append((policy.chain_length([0] * 4), policy.chain_length([0] * 4)))
+    # declined, then one request's chain runs whole in one step, then declined again
     explore = policy.chain_explore_after
-    assert lengths[:explore] == [0] * explore
-    assert lengths[explore] == 4 and lengths.count(4) == 2
+    assert lengths[:explore] == [(0, 0)] * explore
+    assert lengths[explore] == (4, 0) and lengths.count((4, 0)) == 2
+    assert policy.chain_length([]) == 0
     # a chain that ran restarts the count: no exploring while chains run
     policy.record_chain([0] * 4, 2, 1)
     assert all(policy.choose(16, 16) == policy.max_nodes and policy.chain_length([0] * 4) == 0

@@ -260,14 +260,15 @@ class BudgetPolicy:
     # `clear_explore_factor` times less often.
     clear_margin: float = 1.25
     clear_explore_factor: int = 4
-    # Chains: after this many batch steps in a row without any chain, one step runs every
-    # chain whole. Prices that drafting never pays are never revised otherwise (a class no
-    # row of which runs keeps its prior; steps without drafts do not inform the cost of
-    # drafting), and a noisy spell can leave a busy engine declining even a repeated
-    # answer's near-certain rows for good.
+    # Chains: after this many batch steps in a row without any chain, the next chain asked
+    # for runs whole (one request's, one step). Prices that drafting never pays are never
+    # revised otherwise (a class no row of which runs keeps its prior; steps without drafts
+    # do not inform the cost of drafting), and a noisy spell can leave a busy engine
+    # declining even a repeated answer's near-certain rows for good.
     chain_explore_after: int = 32
     _choices: int = 0
     _batches_without_chain: int = 0
+    _explore_chain: bool = False
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
     # Chains only: what one row and one chain cost this step, in tokens (set by choose()).
@@ -289,10 +290,9 @@ class BudgetPolicy:
         if self.chain:
             self._batches_without_chain += 1
             if self._batches_without_chain > self.chain_explore_after:
-                self.row_price = self.chain_price = 0.0
+                self._explore_chain = True
                 self._batches_without_chain = 0
-            else:
-                self._set_chain_prices(num_requests, num_drafting)
+            self._set_chain_prices(num_requests, num_drafting)
             return self.max_nodes
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
@@ -345,6 +345,9 @@ class BudgetPolicy:
         return (keep, value) if value > 0 else (0, 0.0)
 
     def chain_length(self, classes) -> int:
+        if self._explore_chain and len(classes):
+            self._explore_chain = False
+            return len(classes)
         return self.chain_plan(classes)[0]
 
     def chain_value(self, classes) -> float:
