@@ -121,10 +121,10 @@ def _install(drafter) -> dict:
                 raise InjectedFault("layout")
             return plan_tree(runner, req_id, *args, **kwargs)
 
-        def tree_metadata_(blocks, num_scheduled_tokens, kv_mirrors, transfers):
+        def tree_metadata_(blocks, num_scheduled_tokens, kv_mirrors, transfers, **kwargs):
             if _take(getattr(kv_mirrors, "_test_faults", None), "attention"):
                 raise InjectedFault("attention")
-            return tree_metadata(blocks, num_scheduled_tokens, kv_mirrors, transfers)
+            return tree_metadata(blocks, num_scheduled_tokens, kv_mirrors, transfers, **kwargs)
 
         def verify_tree_(runner, req_id, *args, **kwargs):
             result = verify_tree(runner, req_id, *args, **kwargs)
