@@ -118,7 +118,6 @@ class ContextIndex:
                 node = entry[1]
         return n, counts
 
-
     def _match_length(self, query: Sequence[int], end: int, n: int) -> int:
         """How many tokens before `end` (inclusive) agree with the end of `query`, knowing
         the last n do, up to max_length (separators never agree: they are negative)."""
