@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from vllm_ptd.vllm_integration import runner_patches, sampling_patches, spec_config
+from vllm_ptd.vllm_integration import cuda_graphs, runner_patches, sampling_patches, spec_config
 
 
 class PlainRunner:
@@ -41,6 +41,8 @@ RUNNER_WRAPPERS = {
                                   ("num_tokens", "num_reqs")),
     "_sample": (runner_patches.make_sample, ("logits", "spec_decode_metadata")),
     "_input_fits_in_drafter": (runner_patches.make_input_fits_in_drafter, ("metadata",)),
+    "_check_and_update_cudagraph_mode": (cuda_graphs.make_check_and_update_cudagraph_mode,
+                                         ("attention_backends", "kv_cache_groups")),
 }
 
 

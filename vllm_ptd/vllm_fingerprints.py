@@ -31,6 +31,7 @@ WRAPPED: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._check_and_update_cudagraph_mode"),
     ("vllm.v1.sample.logits_processor", "build_logitsprocs"),
     ("vllm.sampling_params", "SamplingParams._validate_spec_decode"),
     ("vllm.v1.core.sched.scheduler", "Scheduler._update_after_schedule"),
@@ -62,6 +63,10 @@ RELIED_ON: tuple[tuple[str, str], ...] = (
     ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl.forward"),
     ("vllm.v1.attention.backends.triton_attn", "TritonAttentionMetadataBuilder.__init__"),
     ("vllm.v1.attention.backends.triton_attn", "TritonAttentionMetadataBuilder.build"),
+    # cuda_graphs.py: what decides a step is the uniform decode batch FULL graphs replay
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._determine_batch_execution_and_padding"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._is_uniform_decode"),
+    ("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher._create_padded_batch_descriptor"),
 )
 TARGETS = WRAPPED + RELIED_ON
 

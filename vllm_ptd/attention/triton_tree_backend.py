@@ -18,10 +18,12 @@ are a small share of a PTD step. (``unified_attention``'s ``qq_bias`` is one sta
 
 CUDA graphs. A FULL graph replays the kernels captured without tree metadata, so it
 would run causal attention on a tree step. The builder therefore reports
-``UNIFORM_SINGLE_TOKEN_DECODE`` support when PTD is configured: vLLM then keeps
-piecewise graphs, where attention runs eagerly and this forward sees the metadata.
-(A one-token batch is the same under both kernels.) Without PTD the backend reports
-vLLM's own support, so registering it costs other methods nothing.
+``UNIFORM_SINGLE_TOKEN_DECODE`` support when PTD is configured, and PTD makes a one-token
+decode batch the engine's uniform decode batch (``vllm_integration/cuda_graphs.py``): steps
+in which no request drafted replay vLLM's FULL decode graphs (a one-token batch is the same
+under both kernels), steps with trees run piecewise graphs, where attention runs eagerly and
+this forward sees the metadata. Without PTD the backend reports vLLM's own support, so
+registering it costs other methods nothing.
 
 Features the tree kernel lacks (sliding window, ALiBi, soft-capping, sinks, quantized
 KV, encoder or chunked-local attention, PrefixLM ranges, non-causal or R-SWA steps)
@@ -62,8 +64,8 @@ class TritonTreeAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
         if ptd_configured(vllm_config):
-            # FULL graphs only for one-token decode batches, where tree == causal; with
-            # speculative tokens vLLM then falls back to piecewise graphs.
+            # FULL graphs only for one-token decode batches, where tree == causal (PTD
+            # declares those its uniform decode batch: vllm_integration/cuda_graphs.py).
             return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
         return super().get_cudagraph_support(vllm_config, kv_cache_spec)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from vllm_ptd.patching import Patch, apply_together
 from vllm_ptd.vllm_integration import (
+    cuda_graphs,
     metrics,
     runner_patches,
     sampling_patches,
@@ -64,6 +65,15 @@ ALL_PATCHES: list[Patch] = [
         make=runner_patches.make_input_fits_in_drafter,
         why="keep drafting when a sequence nears max_model_len: PTD bounds each tree itself; "
             "vLLM's batch-wide check would schedule zeros in place of every request's tree",
+    ),
+    Patch(
+        module=_RUNNER,
+        owner="GPUModelRunner",
+        attr="_check_and_update_cudagraph_mode",
+        make=cuda_graphs.make_check_and_update_cudagraph_mode,
+        why="CUDA graphs: a PTD engine's uniform decode batch is one token per request, so "
+            "steps without drafts keep vLLM's FULL graphs and steps with trees run piecewise "
+            "(vLLM's 1 + num_speculative_tokens would drop FULL graphs for every step)",
     ),
     Patch(
         module=_RUNNER,
