@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ptd.config import CHAIN, CPU_DEFAULTS, PTD_CONFIG_KEYS, TREE, PTDConfig, markdown_table
+from vllm_ptd.config import (
+    AUTO,
+    CHAIN,
+    CPU_DEFAULTS,
+    PTD_CONFIG_KEYS,
+    TREE,
+    PTDConfig,
+    markdown_table,
+)
 
 
 def test_defaults_are_the_papers_and_every_field_is_documented():
@@ -23,7 +31,8 @@ def test_valid_values_are_taken():
 def test_enumerations_take_names_and_booleans():
     cfg = PTDConfig.from_dict({"draft_shape": "chain", "adaptive_budget": False})
     assert (cfg.draft_shape, cfg.adaptive_budget) == (CHAIN, False)
-    assert (TREE, CHAIN) == ("tree", "chain")
+    assert (TREE, CHAIN, AUTO) == ("tree", "chain", "auto")
+    assert PTDConfig.from_dict({"draft_shape": "auto"}).draft_shape == AUTO
 
 
 @pytest.mark.parametrize(("old", "new"), [
@@ -48,7 +57,7 @@ def test_old_integer_spellings_of_the_enumerations_map_to_their_names(old, new):
         ({"max_nodes": -1}, "max_nodes"),
         ({"num_roots": 2.0}, "num_roots"),
         ({"draft_shape": "trie"},
-         r"'draft_shape' must be one of 'tree', 'chain' \(or the old 0, 1\), got 'trie'"),
+         r"'draft_shape' must be one of 'tree', 'chain', 'auto' \(or the old 0, 1\), got 'trie'"),
         ({"draft_shape": 2}, "'draft_shape' must be one of 'tree', 'chain'"),
         ({"draft_shape": True}, "'draft_shape' must be one of 'tree', 'chain'"),
         ({"draft_shape": "Chain"}, "'draft_shape' must be one of"),
@@ -79,7 +88,8 @@ def test_the_key_table_has_one_row_per_key_with_what_it_allows_and_its_defaults(
     rows = markdown_table().splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == list(PTD_CONFIG_KEYS)
     by_key = {r.split(" | ")[0].strip("| "): r for r in rows}
-    assert "| string | tree, chain (old: 0 = tree, 1 = chain) | chain on CPU, tree elsewhere |" \
+    assert ("| string | tree, chain, auto (old: 0 = tree, 1 = chain) | chain on CPU, tree "
+            "elsewhere |") \
         in by_key["draft_shape"]
     assert "| bool | true, false (old: 0 = false, 1 = true) | true |" in by_key["adaptive_budget"]
     assert "| int | 0-128 | 15 on CPU, 64 elsewhere |" in by_key["max_nodes"]

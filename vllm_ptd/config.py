@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # The values of draft_shape.
-TREE, CHAIN = "tree", "chain"
+TREE, CHAIN, AUTO = "tree", "chain", "auto"
 
 # Most draft rows a request may carry: vLLM's linear rejection sampler, which verifies a step
 # whose drafts are not PTD's tree (a fallback path), asserts at most 128 (MAX_SPEC_LEN).
@@ -98,8 +98,11 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
         "tree: each step carries C and the draft tree T (the paper's); chain: each step "
         "carries only C's first path (context match first, then the pool), no T: a chain "
         "attends through the backend's own causal kernel, cheaper than tree attention where "
-        "extra rows cost",
-        choices=(TREE, CHAIN),
+        "extra rows cost; auto: each step the adaptive budget chooses chains or trees (and "
+        "their size) for the whole batch from each shape's measured acceptance and step "
+        "cost, trying the other shape now and then (core/budget.py; T grows on tree steps "
+        "only; without adaptive_budget, trees)",
+        choices=(TREE, CHAIN, AUTO),
         old={0: TREE, 1: CHAIN},
     ),
     "context_ngram": _int(0, 16,
@@ -110,9 +113,9 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
                               "(at most context_ngram)"),
     "context_matches": _int(1, 64, "earlier occurrences of the matched n-gram used"),
     "shared_outputs": _int(0, 100_000_000,
-                           "chains only: tokens of finished requests' outputs kept (newest "
-                           "first) to draft other requests from, as suffix decoding's global "
-                           "tree (0: off). Outputs are unchanged either way; set 0 where "
+                           "chains only (draft_shape chain, and auto's chain steps): tokens "
+                           "of finished requests' outputs kept (newest first) to draft other "
+                           "requests from, as suffix decoding's global tree (0: off). Outputs are unchanged either way; set 0 where "
                            "requests' acceptance rates must not depend on each other"),
     "context_depth": _int(1, 64, "tokens taken after each occurrence"),
     "match_length": _int(0, 64,

@@ -60,7 +60,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_ptd.config import CHAIN, TREE
 from vllm_ptd.core.chain import NUM_CLASSES
+from vllm_ptd.core.step_cost import ShapeCostModel, StepCostModel
 
 
 def budget_sizes(max_nodes: int) -> list[int]:
@@ -69,72 +71,6 @@ def budget_sizes(max_nodes: int) -> list[int]:
     sizes = {0, max_nodes}
     sizes.update(max(1, round(max_nodes * f)) for f in (0.25, 0.5, 0.75) if max_nodes > 0)
     return sorted(sizes)
-
-
-@dataclass
-class StepCostModel:
-    """Step time (s) as a + c * drafting + b * tokens, fitted online by least squares with
-    exponential forgetting. c is the fixed price of each request with draft rows in a step
-    (a tree's own tree-attention call in every layer; for trees and chains alike the
-    verification, the sampler's draft path and PTD's bookkeeping), which a plain line
-    through drafting steps would smear over every row and misplace the cost of no drafts.
-    Per request, not per step: one price per step makes 4 requests' trees look 18% cheaper
-    than they are, and the budget then drafts at 0.85x plain speed (GSM8K, 4 requests at
-    once)."""
-
-    decay: float = 0.995             # weight of a sample after each newer one
-    slope_prior: float = 0.01        # prior b as a fraction of the mean step time
-    prior_strength: float = 300.0    # ridge weight on b toward that prior (token^2 units)
-    jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
-    samples: int = 0
-    fastest: float = float("inf")    # shortest step seen (s): the outlier guard's yardstick
-    _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
-    _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    _fit: tuple[float, float, float] | None = None   # coefficients() since the last sample
-
-    def observe(self, tokens: int, seconds: float, drafting: int = 1) -> None:
-        """A step of `tokens` scheduled tokens, `drafting` of its requests with draft rows."""
-        self.fastest = min(self.fastest, seconds)
-        x = np.array([1.0, float(drafting), float(tokens)])
-        self._xtx = self.decay * self._xtx + np.outer(x, x)
-        self._xty = self.decay * self._xty + seconds * x
-        self.samples += 1
-        self._fit = None
-
-    def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c); zeros before any sample. Solved once per sample: every step reads
-        them two or three times."""
-        if self._fit is None:
-            self._fit = self._solve()
-        return self._fit
-
-    def _solve(self) -> tuple[float, float, float]:
-        weight = self._xtx[0, 0]
-        if weight == 0.0:
-            return 0.0, 0.0, 0.0
-        mean_n, mean_y = self._xtx[0, 2] / weight, self._xty[0] / weight
-        # Centre the token column so that the ridge on b does not pull the intercept.
-        centre = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-mean_n, 0.0, 1.0]])
-        xtx = centre @ self._xtx @ centre.T
-        xty = centre @ self._xty
-        ridge = np.diag([1e-9, self.jump_strength, self.prior_strength])
-        target = np.array([0.0, 0.0, self.slope_prior * mean_y])
-        a_c, c, b = np.linalg.solve(xtx + ridge, xty + ridge @ target)
-        b = max(float(b), 0.0)
-        # back from the centred intercept: y = a_c + c*t + b*(n - mean_n)
-        a = max(float(a_c) - b * mean_n, 0.0)
-        return a, b, max(float(c), 0.0)
-
-    def predict(self, tokens: float, drafting: int = 1) -> float:
-        a, b, c = self.coefficients()
-        return a + c * drafting + b * tokens
-
-    def is_outlier(self, tokens: int, seconds: float) -> bool:
-        """An interval far beyond any step: the engine sat idle between two steps. Such a
-        sample among the first few can set the slope 50x too high and stop drafting."""
-        if seconds > 4.0 * self.fastest + 0.05:
-            return True
-        return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
 
 
 @dataclass
@@ -242,11 +178,13 @@ class ChainUsage:
 
 @dataclass
 class BudgetPolicy:
-    """Chooses one per-request row budget for the next step from the two models."""
+    """Chooses the next step's per-request row budget (and with draft_shape "auto" its
+    shape) from the models above."""
 
     max_nodes: int
     chain: bool = False   # requests draft chains (config draft_shape "chain"), not trees
-    cost: StepCostModel = field(default_factory=StepCostModel)
+    auto: bool = False    # each step's shape is chosen too (config draft_shape "auto")
+    cost: StepCostModel | ShapeCostModel | None = None   # None: the one the shape needs
     gain: GainModel = field(init=False)   # trees only
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
     # models miss (young requests accept less than G; rows of several trees cost more than
@@ -266,11 +204,18 @@ class BudgetPolicy:
     # do not inform the cost of drafting), and a noisy spell can leave a busy engine
     # declining even a repeated answer's near-certain rows for good.
     chain_explore_after: int = 32
+    # Auto: after this many drafting steps without one shape, one step runs it (its value
+    # and its cost are learned only from its own steps); `clear_explore_factor` times later
+    # when the other shape wins by `clear_margin` (0: never).
+    shape_explore_after: int = 32
     _choices: int = 0
     _batches_without_chain: int = 0
     _explore_chain: bool = False
+    _warmup_choices: int = 0
+    _steps_without: dict[str, int] = field(default_factory=lambda: {TREE: 0, CHAIN: 0})
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
+    step_shape: str = field(init=False)     # TREE or CHAIN: what the next step drafts
     # Chains only: what one row and one chain cost this step, in tokens (set by choose()).
     row_price: float = 0.0
     chain_price: float = 0.0
@@ -279,29 +224,55 @@ class BudgetPolicy:
     usage: ChainUsage = field(default_factory=ChainUsage)
 
     def __post_init__(self) -> None:
+        if self.cost is None:
+            self.cost = ShapeCostModel() if self.auto else StepCostModel()
         self.gain = GainModel(self.max_nodes)
         self.sizes = np.array(budget_sizes(self.max_nodes))
+        self.step_shape = CHAIN if self.chain else TREE
 
     def choose(self, num_requests: int, num_drafting: int) -> int:
-        """Rows per drafting request (0..max_nodes) maximising expected tokens per second.
-        With chains: max_nodes, and the prices `chain_length` cuts each chain by."""
+        """Rows per drafting request (0..max_nodes) maximising expected tokens per second,
+        and `step_shape`. Chains: max_nodes, and the prices `chain_length` cuts each chain
+        by. Auto: the shape first (`_choose_shape`)."""
         if num_drafting <= 0 or self.max_nodes <= 0:
             return 0
+        if self.auto:
+            return self._choose_shape(num_requests, num_drafting)
         if self.chain:
-            self._batches_without_chain += 1
-            if self._batches_without_chain > self.chain_explore_after:
-                self._explore_chain = True
-                self._batches_without_chain = 0
-            self._set_chain_prices(num_requests, num_drafting)
-            return self.max_nodes
+            return self._choose_chain(num_requests, num_drafting)
+        return self._choose_tree(num_requests, num_drafting)
+
+    def time_step(self, tokens: int, seconds: float, drafting: int, trees: int = 0,
+                  tree_rows: int = 0) -> None:
+        """One measured step period (see `ShapeCostModel.observe` for the counts); idle
+        gaps are not samples."""
+        if self.cost.is_outlier(tokens, seconds):
+            return
+        if self.auto:
+            self.cost.observe(tokens, seconds, drafting, trees, tree_rows)
+        else:
+            self.cost.observe(tokens, seconds, drafting)
+
+    # -- trees -------------------------------------------------------------------------
+    def _choose_tree(self, num_requests: int, num_drafting: int) -> int:
+        self.step_shape = TREE
         if self.cost.samples < self.warmup_samples:
             return self.max_nodes
+        return self._pick_tree(self._tree_rates(num_requests, num_drafting))
+
+    def _tree_rates(self, num_requests: int, num_drafting: int) -> np.ndarray:
+        """Expected tokens per second with trees of each grid size (the first: none)."""
         n = self.sizes
         a, b, c = self.cost.coefficients()
+        d, e = self.cost.tree_extras() if self.auto else (0.0, 0.0)
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-        seconds = a + c * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
-        rate = tokens / np.maximum(seconds, 1e-9)
-        best = int(n[int(np.argmax(rate))])
+        seconds = (a + (c + d) * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
+                   + e * num_drafting * n)
+        return tokens / np.maximum(seconds, 1e-9)
+
+    def _pick_tree(self, rate: np.ndarray) -> int:
+        """The best size by `rate`, none without the margin, or an exploring size."""
+        best = int(self.sizes[int(np.argmax(rate))])
         if rate.max() <= self.min_improvement * rate[0]:
             return 0
         self._choices += 1
@@ -314,7 +285,69 @@ class BudgetPolicy:
             return 0 if self._choices % (4 * every) == 0 else best // 2
         return best
 
+    def record_tree(self, rows: int, accepted: int, request_steps: int) -> None:
+        """A tree step of a request (its `request_steps`-th step) that ran `rows` rows and
+        accepted `accepted`. Auto learns from every tree step, young requests' included:
+        the chains it is weighed against are measured over every step too."""
+        self.gain.record(rows, accepted, None if self.auto else request_steps)
+
+    # -- auto: the shape ---------------------------------------------------------------
+    def _choose_shape(self, num_requests: int, num_drafting: int) -> int:
+        """The step's shape, then its budget as that shape's mode would choose it. Trees
+        win when their best size beats both the chains (at their current prices) and no
+        drafts by the margin; chains otherwise, since they cut themselves down to no
+        drafts where rows do not pay."""
+        if self.cost.samples < self.warmup_samples:
+            # Both shapes in turn, each at its warm-up budget: each is priced by its own steps.
+            self._warmup_choices += 1
+            if self._warmup_choices % 2:
+                return self._choose_tree(num_requests, num_drafting)
+            return self._choose_chain(num_requests, num_drafting)
+        trees = self._tree_rates(num_requests, num_drafting)
+        best = 1 + int(np.argmax(trees[1:]))
+        chains = self._chain_rate(num_requests, num_drafting)
+        wins = trees[best] > max(chains, self.min_improvement * trees[0])
+        prefer = TREE if wins else CHAIN
+        ratio = trees[best] / chains if wins else chains / trees[best]
+        shape = self._shape_to_run(prefer, ratio)
+        if shape == CHAIN:
+            return self._choose_chain(num_requests, num_drafting)
+        self.step_shape = TREE
+        return self._pick_tree(trees) if shape == prefer else int(self.sizes[best])
+
+    def _shape_to_run(self, prefer: str, ratio: float) -> str:
+        """`prefer`, or the other shape once it has not run for `shape_explore_after` steps
+        (`clear_explore_factor` times as many when `prefer` wins by `ratio` >=
+        `clear_margin`): on a CPU one tree step in 33 costs ~2.5% of chain speed (a tree
+        step takes ~1.8x a chain step), one in 129 ~0.6%."""
+        other = CHAIN if prefer == TREE else TREE
+        wait = self.shape_explore_after
+        if ratio >= self.clear_margin:
+            wait *= self.clear_explore_factor
+        for key in self._steps_without:
+            self._steps_without[key] += 1
+        due = wait > 0 and self._steps_without[other] > wait
+        shape = other if due else prefer
+        self._steps_without[shape] = 0
+        return shape
+
     # -- chains ------------------------------------------------------------------------
+    def _choose_chain(self, num_requests: int, num_drafting: int) -> int:
+        self.step_shape = CHAIN
+        self._batches_without_chain += 1
+        if self._batches_without_chain > self.chain_explore_after:
+            self._explore_chain = True
+            self._batches_without_chain = 0
+        self._set_chain_prices(num_requests, num_drafting)
+        return self.max_nodes
+
+    def _chain_rate(self, num_requests: int, num_drafting: int) -> float:
+        """Expected tokens per second with the batch's usual chains (ChainUsage)."""
+        a, b, c = self.cost.coefficients()
+        u = self.usage
+        seconds = a + c * num_drafting * u.drafted + b * (num_requests + num_drafting * u.rows)
+        return (num_requests + num_drafting * u.accepted) / max(seconds, 1e-9)
+
     def _set_chain_prices(self, num_requests: int, num_drafting: int) -> None:
         """A row is worth keeping when its predicted acceptance beats what its step time
         would commit elsewhere: b * rate tokens, rate the batch's expected tokens per second
@@ -325,10 +358,8 @@ class BudgetPolicy:
         if self.cost.samples < self.warmup_samples:
             self.row_price = self.chain_price = 0.0
             return
-        a, b, c = self.cost.coefficients()
-        u = self.usage
-        seconds = a + c * num_drafting * u.drafted + b * (num_requests + num_drafting * u.rows)
-        rate = (num_requests + num_drafting * u.accepted) / max(seconds, 1e-9)
+        _, b, c = self.cost.coefficients()
+        rate = self._chain_rate(num_requests, num_drafting)
         self.row_price = self.min_improvement * b * rate
         self.chain_price = self.min_improvement * c * rate
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from vllm_ptd.config import CHAIN, PTDConfig
+from vllm_ptd.config import AUTO, CHAIN, TREE, PTDConfig
 from vllm_ptd.core.candidates import merge_with_pool
 from vllm_ptd.core.chain import chain_rows
 from vllm_ptd.core.context_index import ContextIndex
@@ -84,20 +84,25 @@ class PTDRequestState:
         if config.context_ngram > 0:
             self.context = ContextIndex(
                 config.context_ngram, config.context_min_ngram,
-                max_length=config.match_length if config.draft_shape == CHAIN else 0)
+                max_length=config.match_length if config.draft_shape != TREE else 0)
             self.context.extend(prompt_token_ids)
         self.stats = PTDStats()
         # What the last propose() returned, to map rows back to T nodes in observe().
         self._t_nodes: list[Node] = []
         self._proposed_len = 0
         self._proposed_nc = 0
-        # Evidence classes of the last chain proposed (core/chain.py), before any cut.
+        # Evidence classes of the last chain proposed (core/chain.py), before any cut;
+        # [] after a tree.
         self.chain_classes: list[int] = []
+        # The shape of a proposal without one given: auto without a policy drafts trees.
+        self.default_shape = TREE if config.draft_shape == AUTO else config.draft_shape
+        self.last_shape = self.default_shape   # TREE or CHAIN: the last proposal's
 
     def propose(self, x: int, budget: int | None = None,
                 committed: Sequence[int] | None = None,
                 candidate_cap: int | None = None,
-                chain_policy: ChainPolicy | None = None) -> TreeLayout:
+                chain_policy: ChainPolicy | None = None,
+                shape: str | None = None) -> TreeLayout:
         """Layout [x; C; T] with C = P[x] (merged with context matches when enabled) and T the
         draft tree, trimmed to `budget` rows besides x (default config.max_nodes) by the policy
         in `layout.split_budget`. Rows of C and T are DFS prefixes of their trees, so the
@@ -111,6 +116,8 @@ class PTDRequestState:
         chain_policy: chains only; picks between candidate chains (`chain_value`) and how
         many of the chosen chain's leading rows to run (`chain_length`), both from the
         rows' evidence classes. None: the longer match, all of its rows.
+        shape: TREE or CHAIN, this step's (draft_shape auto: the policy's choice); default
+        the configured shape (trees for auto).
         """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
@@ -118,8 +125,9 @@ class PTDRequestState:
             self.context.extend([x] if committed is None else committed)
             if self.context.tokens[-1] != x:
                 raise ValueError(f"context history ends with {self.context.tokens[-1]}, not x={x}")
-        if cfg.draft_shape == CHAIN:
+        if (shape or self.default_shape) == CHAIN:
             return self._propose_chain(x, budget, chain_policy)
+        self.chain_classes = []
         c_rows = ([], [], [])
         if self.context is not None:
             found = self.context.continuations(cfg.context_depth, cfg.context_matches)
@@ -135,7 +143,7 @@ class PTDRequestState:
         else:
             c_rows = self.pool.flatten(x, nc)
         tt, tp, td, nodes = flatten_draft_tree(self.tree.roots, offset=nc + 1, limit=nt)
-        return self._proposed(make_layout(x, c_rows, (tt, tp, td)), nodes)
+        return self._proposed(make_layout(x, c_rows, (tt, tp, td)), nodes, TREE)
 
     def _propose_chain(self, x: int, budget: int, policy: ChainPolicy | None) -> TreeLayout:
         cfg = self.config
@@ -147,10 +155,11 @@ class PTDRequestState:
         keep = len(tokens) if policy is None else min(policy.chain_length(self.chain_classes),
                                                       len(tokens))
         rows = (tokens[:keep], list(range(keep)), list(range(1, keep + 1)))
-        return self._proposed(make_layout(x, rows, ([], [], [])), [])
+        return self._proposed(make_layout(x, rows, ([], [], [])), [], CHAIN)
 
-    def _proposed(self, layout: TreeLayout, t_nodes: list[Node]) -> TreeLayout:
+    def _proposed(self, layout: TreeLayout, t_nodes: list[Node], shape: str) -> TreeLayout:
         """Remember what observe() needs to map the verified rows back."""
+        self.last_shape = shape
         self._t_nodes = t_nodes
         self._proposed_len = len(layout)
         self._proposed_nc = layout.num_candidates
@@ -162,6 +171,9 @@ class PTDRequestState:
         argmax: int64 [len(layout)], the target argmax at each row. Sets T nodes' draft tokens,
         writes T snapshots (bonus-token nodes first) and C's verification feedback into the
         pool, then grows T. T nodes cut off by a truncated layout get no new prediction.
+        After a chain T is left as it is: it neither ran nor learned anything, and being
+        keyed by tokens, not by positions, it stays valid for the next tree (draft_shape
+        auto).
         """
         n = len(layout)
         if n > self._proposed_len or layout.num_candidates != min(self._proposed_nc, n - 1):
@@ -176,7 +188,7 @@ class PTDRequestState:
                 node.draft = d
                 node.dirty = True
         bonus = result.bonus
-        if self.config.draft_shape != CHAIN:   # chains never carry T: it needs no upkeep
+        if self.last_shape == TREE:   # chains never carry T: it needs no upkeep
             self._update_draft_tree(bonus)
 
         # Verification feedback: x and every C row get the target's argmax as a child; each

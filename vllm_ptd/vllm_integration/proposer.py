@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from vllm.logger import init_logger
 
-from vllm_ptd.config import CHAIN
+from vllm_ptd.config import AUTO, CHAIN, TREE
 from vllm_ptd.core.budget import BudgetPolicy
 from vllm_ptd.core.chain import rows_from_shared
 from vllm_ptd.core.layout import TreeLayout
@@ -59,10 +59,23 @@ class RequestEntry:
 
 
 @dataclass
+class StepMark:
+    """A step as it started, for the cost model: its period ends when the next one starts."""
+
+    start: float
+    tokens: int          # scheduled tokens; -1 when prompt tokens were among them
+    drafting: int        # requests with draft rows
+    trees: int = 0       # of those, requests whose rows needed tree attention
+    tree_rows: int = 0   # their rows besides x
+
+
+@dataclass
 class ProposerCounters:
     drafted_steps: int = 0   # request-steps that verified drafts (stats.steps counts all)
     kv_moves: int = 0        # accepted nodes whose KV was moved (path off the DFS prefix)
     masked_blocks: int = 0   # request-steps that needed tree attention (not chains)
+    chain_steps: int = 0     # drafted_steps that verified a chain (draft_shape chain or auto)
+    tree_steps: int = 0      # drafted_steps that verified a tree (draft_shape tree or auto)
     fallbacks: int = 0       # requests switched to plain decoding after an internal error
     shared_rows: int = 0     # chain rows drafted from other requests' outputs
     budget_sum: int = 0      # the step budget summed over steps with drafting requests
@@ -106,17 +119,17 @@ class PTDProposer:
         # cache_salt (core/shared_outputs; the salt comes from vllm_integration/tenants.py).
         cfg = self.config
         self.shared: TenantSharedOutputs | None = None
-        if cfg.draft_shape == CHAIN and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
+        if cfg.draft_shape != TREE and cfg.shared_outputs > 0 and cfg.context_ngram > 0:
             self.shared = TenantSharedOutputs(cfg.shared_outputs, cfg.context_ngram,
                                               cfg.context_min_ngram,
                                               max_length=cfg.match_length)
         self.policy: BudgetPolicy | None = None
         if self.config.adaptive_budget and not self.parallel:
             self.policy = BudgetPolicy(self.config.max_nodes,
-                                       chain=self.config.draft_shape == CHAIN)
+                                       chain=self.config.draft_shape == CHAIN,
+                                       auto=self.config.draft_shape == AUTO)
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
-        # (start, tokens or -1 with prefill, requests with draft rows) of the last step
-        self._step_mark: tuple[float, int, int] | None = None
+        self._step_mark: StepMark | None = None   # the step in progress
 
     def attach(self, runner) -> None:
         """The model runner this proposer drafts for (runner_patches, at its first step)."""
@@ -168,6 +181,9 @@ class PTDProposer:
         requests whose set-up failed fall back, foreign drafts end their pending layout."""
         self.step = step
         self.counters.masked_blocks += step.masked_blocks
+        if self._step_mark is not None:   # marked by step_started just before
+            self._step_mark.trees = step.masked_blocks
+            self._step_mark.tree_rows = step.masked_rows
         for req_id in step.foreign:
             logger.warning("PTD: scheduled drafts of %s are not its tree; verified linearly "
                            "this step", req_id)
@@ -198,13 +214,12 @@ class PTDProposer:
         cost model unless that step carried prompt tokens (cheaper per token than draft
         rows; see core/budget.py)."""
         now = time.perf_counter()
-        mark, self._step_mark = self._step_mark, (now, -1 if has_prefill else num_tokens,
-                                                  drafting)
-        if self.policy is None or mark is None or mark[1] < 0:
+        mark, self._step_mark = self._step_mark, StepMark(
+            now, -1 if has_prefill else num_tokens, drafting)
+        if self.policy is None or mark is None or mark.tokens < 0:
             return
-        seconds = now - mark[0]
-        if not self.policy.cost.is_outlier(mark[1], seconds):
-            self.policy.cost.observe(mark[1], seconds, mark[2])
+        self.policy.time_step(mark.tokens, now - mark.start, mark.drafting, mark.trees,
+                              mark.tree_rows)
 
     def num_live_states(self) -> int:
         return len(self.requests) + len(self.kv_mirrors)
@@ -217,6 +232,7 @@ class PTDProposer:
         last = max((k for k, v in enumerate(depth) if v), default=-1)
         out = {**self.stats.summary(), "live_states": self.num_live_states(),
                "drafted_steps": c.drafted_steps,
+               "chain_steps": c.chain_steps, "tree_steps": c.tree_steps,
                "kv_moves": c.kv_moves, "masked_blocks": c.masked_blocks,
                "shared_rows": c.shared_rows,
                "shared_outputs": 0 if self.shared is None else self.shared.num_outputs,
@@ -228,15 +244,24 @@ class PTDProposer:
                "mean_budget": (c.budget_sum / c.budget_steps if c.budget_steps
                                else float(self.config.max_nodes))}
         if self.policy is not None:
-            a, b, c = self.policy.cost.coefficients()
-            out["cost_model_ms"] = {"a": 1e3 * a, "b_per_token": 1e3 * b,
-                                    "c_per_drafting_request": 1e3 * c}
-            if self.policy.chain:
-                out["chain_prices"] = {"row": self.policy.row_price,
-                                       "chain": self.policy.chain_price}
-                out["accepted_per_chain"] = self.policy.usage.accepted
-            else:
-                out["full_budget_gain"] = self.policy.gain.full_gain
+            out.update(self._policy_snapshot(self.policy))
+        return out
+
+    @staticmethod
+    def _policy_snapshot(policy: BudgetPolicy) -> dict:
+        """The budget policy's fitted costs and what it learned of each shape it drafts."""
+        a, b, c = policy.cost.coefficients()
+        out: dict = {"cost_model_ms": {"a": 1e3 * a, "b_per_token": 1e3 * b,
+                                       "c_per_drafting_request": 1e3 * c}}
+        if policy.auto:
+            d, e = policy.cost.tree_extras()
+            out["cost_model_ms"].update(tree_per_request=1e3 * d, tree_per_row=1e3 * e)
+            out["step_shape"] = policy.step_shape
+        if policy.chain or policy.auto:
+            out["chain_prices"] = {"row": policy.row_price, "chain": policy.chain_price}
+            out["accepted_per_chain"] = policy.usage.accepted
+        if not policy.chain:
+            out["full_budget_gain"] = policy.gain.full_gain
         return out
 
     def blocker(self, req_id: str, params) -> str | None:
@@ -322,10 +347,10 @@ class PTDProposer:
         """Feed one verified request-step (rows besides x, drafts accepted) to the policy."""
         if self.policy is None:
             return
-        if self.policy.chain:
+        if state.last_shape == CHAIN:
             self.policy.record_chain(state.chain_classes, rows, accepted)
         else:
-            self.policy.gain.record(rows, accepted, state.stats.steps)
+            self.policy.record_tree(rows, accepted, state.stats.steps)
 
     def _maybe_log(self) -> None:
         """One interval line with the paper's metrics, next to vLLM's own stats lines."""
@@ -356,6 +381,10 @@ class PTDProposer:
             self.stats.record(layout.num_candidates, len(layout) - 1 - layout.num_candidates,
                               len(result.accepted), len(result.tokens))
             self.counters.drafted_steps += 1
+            if state.last_shape == CHAIN:
+                self.counters.chain_steps += 1
+            else:
+                self.counters.tree_steps += 1
             self._learn(state, len(layout) - 1, len(result.accepted))
             depth = self.counters.accepted_by_depth
             for k in range(min(len(result.accepted), len(depth))):
@@ -382,8 +411,8 @@ class PTDProposer:
         # rows feed the pool that C draws from).
         cap = -(-budget * self.config.max_candidate_nodes // max(self.config.max_nodes, 1))
         layout = state.propose(sampled[-1], budget, committed=history[known:].tolist(),
-                               candidate_cap=cap,
-                               chain_policy=self.policy)
+                               candidate_cap=cap, chain_policy=self.policy,
+                               shape=None if self.policy is None else self.policy.step_shape)
         if len(layout) <= 1:
             entry.undrafted = (sampled[-1], True)
             return []

@@ -64,6 +64,12 @@ class TreeStep:
     def masked_blocks(self) -> int:
         return 0 if self.attention is None else len(self.attention.blocks or ())
 
+    @property
+    def masked_rows(self) -> int:
+        """Draft rows (besides each x) of the requests that needed tree attention."""
+        blocks = () if self.attention is None else self.attention.blocks or ()
+        return sum(block.size - 1 for block in blocks)
+
     def fail(self, req_id: str, req_index: int, stage: str, error: BaseException) -> None:
         self.trees.pop(req_id, None)
         self.failed.setdefault(req_id, Failure(req_index, stage, error))
