@@ -12,6 +12,7 @@ from vllm_ptd.core.budget import (
     StepCostModel,
     budget_sizes,
 )
+from vllm_ptd.core.step_cost import ShapeCostModel
 
 
 def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
@@ -242,3 +243,132 @@ def test_chain_policy_runs_one_chain_whole_after_a_long_spell_without_any() -> N
     policy.record_chain([0] * 4, 2, 1)
     assert all(policy.choose(16, 16) == policy.max_nodes and policy.chain_length([0] * 4) == 0
                for _ in range(explore))
+
+
+# -- draft_shape "auto": one policy chooses chains or trees ---------------------------------
+
+def _cpu_step(drafting: int, tokens: int, trees: int, tree_rows: int) -> float:
+    """The AMX CPU's costs: a tree step's forward ~1.8x a chain step's (masked attention in
+    every layer, per tree; rows ~0.1 ms)."""
+    return 0.019 + 0.001 * drafting + 0.0001 * tokens + 0.015 * trees + 0.0001 * tree_rows
+
+
+def _gpu_step(drafting: int, tokens: int, trees: int, tree_rows: int) -> float:
+    """A GPU at small batch: rows and tree attention nearly free."""
+    return 0.010 + 0.0002 * drafting + 0.00001 * tokens + 0.0002 * trees
+
+
+def _run_auto(step_seconds, steps: int, tree_gain: float = 2.0, row_p: float = 0.6,
+              policy: BudgetPolicy | None = None, seed: int = 0) -> tuple[BudgetPolicy, list]:
+    """Batch 1 under `step_seconds`: a full tree accepts `tree_gain` tokens (G * s(rows)), a
+    chain's rows are accepted one after another with `row_p` each. Returns the policy and
+    each step's (shape, rows)."""
+    rng = np.random.default_rng(seed)
+    policy = policy or BudgetPolicy(max_nodes=15, auto=True)
+    ran = []
+    for _ in range(steps):
+        budget = policy.choose(1, 1)
+        shape = policy.step_shape
+        if shape == "tree":
+            rows = budget
+            policy.record_tree(rows, tree_gain * float(policy.gain.shape(rows)), 100)
+        else:
+            rows = min(budget, policy.chain_length([0] * 8))
+            accepted = int(np.argmin(np.append(rng.random(rows) < row_p, False)))
+            policy.record_chain([0] * 8, rows, accepted)
+        tree = int(shape == "tree" and rows > 0)
+        seconds = step_seconds(int(rows > 0), 1 + rows, tree, rows * tree)
+        policy.time_step(1 + rows, seconds * (1 + rng.normal(0, 0.02)), int(rows > 0), tree,
+                         rows * tree)
+        ran.append((shape, rows))
+    return policy, ran
+
+
+def test_shape_cost_model_tells_a_tree_request_from_a_chain_request() -> None:
+    rng = np.random.default_rng(2)
+    model = ShapeCostModel(decay=0.999)
+    for step in range(3000):
+        tree = step % 3 == 0
+        rows = int(rng.integers(0, 16))
+        trees = int(tree and rows > 0)
+        seconds = _cpu_step(int(rows > 0), 1 + rows, trees, rows * trees)
+        model.observe(1 + rows, seconds + rng.normal(0, 0.0005), int(rows > 0), trees,
+                      rows * trees)
+    a, b, c = model.coefficients()
+    d, e = model.tree_extras()
+    assert (a, b, c) == pytest.approx((0.019, 0.0001, 0.001), abs=2e-4)
+    assert (d, e) == pytest.approx((0.015, 0.0001), abs=3e-4)
+    assert model.predict(16, 1, 1, 15) / model.predict(9, 1) == pytest.approx(1.8, abs=0.05)
+
+
+def test_shape_cost_model_prices_a_tree_as_a_chain_until_trees_are_measured() -> None:
+    model = ShapeCostModel()
+    for rows in range(100):
+        model.observe(1 + rows % 9, _cpu_step(int(rows % 9 > 0), 1 + rows % 9, 0, 0),
+                      int(rows % 9 > 0))
+    assert model.tree_extras() == (0.0, 0.0)
+    assert model.predict(9, 1, 1, 8) == pytest.approx(model.predict(9, 1), rel=1e-9)
+    for _ in range(3):      # three measured trees: most of their excess is priced already
+        model.observe(16, _cpu_step(1, 16, 1, 15), 1, 1, 15)
+    d, e = model.tree_extras()
+    assert 0.6 * 0.0165 < d + 15 * e < 0.0165 + 1e-3
+
+
+def test_auto_drafts_trees_where_tree_rows_are_cheap_and_trees_accept_more() -> None:
+    policy, ran = _run_auto(_gpu_step, 600)
+    late = ran[200:]
+    assert sum(shape == "tree" for shape, _ in late) >= 0.9 * len(late)
+    assert policy.gain.full_gain == pytest.approx(2.0, rel=0.05)
+    # chains are still tried, boundedly: once in (32 + 1) or (4 * 32 + 1) steps
+    chain_steps = sum(shape == "chain" for shape, _ in late)
+    assert 1 <= chain_steps <= len(late) // 33 + 1
+
+
+def test_auto_drafts_chains_where_tree_steps_cost_1_8x_a_chain_step() -> None:
+    policy, ran = _run_auto(_cpu_step, 600)
+    late = ran[200:]
+    tree_steps = sum(shape == "tree" for shape, _ in late)
+    assert sum(rows > 0 for shape, rows in late if shape == "chain") >= 0.9 * len(late)
+    # trees are still tried, boundedly: chains win clearly here, so once in 4 * 32 + 1 steps
+    assert 1 <= tree_steps <= len(late) // 129 + 1
+    d, e = policy.cost.tree_extras()
+    assert d + 15 * e > 0.5 * 0.0165   # the explored trees priced what tree attention adds
+
+
+def test_auto_follows_the_cost_when_it_changes_from_gpu_like_to_cpu_like() -> None:
+    """Same acceptance, the hardware's step costs differ: only the measured costs decide."""
+    policy, ran = _run_auto(_gpu_step, 300)
+    assert ran[-1][0] == "tree"
+    policy.cost = ShapeCostModel()
+    policy._warmup_choices = 0
+    _, ran = _run_auto(_cpu_step, 600, policy=policy, seed=1)
+    late = ran[300:]
+    assert sum(shape == "chain" for shape, _ in late) >= 0.9 * len(late)
+
+
+def test_auto_tries_the_other_shape_once_after_a_fixed_number_of_steps() -> None:
+    policy, _ = _run_auto(_gpu_step, 200)
+    policy.clear_margin = float("inf")     # never clear: the other shape every 33rd step
+    shapes = [(policy.choose(1, 1), policy.step_shape)[1] for _ in range(200)]
+    chains = [i for i, shape in enumerate(shapes) if shape == "chain"]
+    assert len(chains) in (6, 7) and np.all(np.diff(chains) == 33)
+    policy.shape_explore_after = 0         # 0: never
+    assert all((policy.choose(1, 1), policy.step_shape)[1] == "tree" for _ in range(200))
+
+
+def test_auto_warms_up_both_shapes_in_turn() -> None:
+    policy = BudgetPolicy(max_nodes=15, auto=True)
+    shapes = []
+    for _ in range(4):
+        assert policy.choose(1, 1) == 15
+        shapes.append(policy.step_shape)
+    assert shapes == ["tree", "chain"] * 2
+    assert policy.row_price == policy.chain_price == 0.0   # warming chains keep every row
+
+
+def test_fixed_shapes_never_change_shape_and_keep_their_cost_model() -> None:
+    tree, chain = BudgetPolicy(max_nodes=15), BudgetPolicy(max_nodes=15, chain=True)
+    assert type(tree.cost) is StepCostModel and type(chain.cost) is StepCostModel
+    for policy, shape in ((tree, "tree"), (chain, "chain")):
+        _, ran = _run_auto(_cpu_step, 100, policy=policy)
+        assert {s for s, _ in ran} == {shape}

@@ -100,9 +100,11 @@ class ShapeCostModel(_IdleGapGuard):
     Fitted like `StepCostModel` (least squares with forgetting, the same priors on a, b and
     c). d and e are pulled toward 0: until trees are measured a tree costs what a chain of
     as many rows does, so the policy tries trees wherever they promise more accepted tokens,
-    and the first trees measured correct it. d's prior weighs as one tree step (after three
-    explored tree steps on a CPU d holds ~75% of the measured excess, after ten ~90%); e's
-    is 900 rows^2, so that a tree step's excess is read as a per-tree price (about 80% of it
+    and the first trees measured correct it. The pull is weak, a quarter of one tree step:
+    where chains win, trees run only when explored, one step in 33 to 129, and with the
+    forgetting of ~200 steps only about two explored tree steps weigh at any time (with a
+    prior of one step d read ~55% of the true excess in simulation, with a quarter ~85%).
+    e's prior (225 rows^2) reads a tree step's excess as a per-tree price (about 80% of it
     for 15-row trees) until trees of several sizes separate the two: the masked attention
     costs per call far more than per row.
     """
@@ -111,8 +113,8 @@ class ShapeCostModel(_IdleGapGuard):
     slope_prior: float = 0.01        # prior b as a fraction of the mean step time
     prior_strength: float = 300.0    # ridge weight on b toward that prior (token^2 units)
     jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
-    tree_strength: float = 1.0       # ridge weight on d toward 0 (in tree request-steps)
-    tree_row_strength: float = 900.0   # ridge weight on e toward 0 (tree row^2 units)
+    tree_strength: float = 0.25      # ridge weight on d toward 0 (in tree request-steps)
+    tree_row_strength: float = 225.0   # ridge weight on e toward 0 (tree row^2 units)
     samples: int = 0
     tree_samples: int = 0            # samples with at least one tree
     fastest: float = float("inf")
