@@ -237,3 +237,50 @@ def test_a_repeated_answer_in_the_shared_outputs_is_a_long_match() -> None:
     # matches never run across the separator between two outputs
     n, _, _ = shared.best_path([1, 2, 3] + answer[:2], 8, 4)
     assert n == 2
+
+
+def _tree_signature(state: PTDRequestState) -> list[tuple[int, int, int]]:
+    """T's nodes as (token, draft, children): what a step could have changed."""
+    return [(n.token, n.draft, len(n.children)) for n in state.tree.nodes()]
+
+
+def test_auto_shape_alternates_chains_and_trees_and_t_learns_on_tree_steps_only() -> None:
+    """draft_shape "auto": the step's shape is given per call. A chain step leaves T as it
+    was (T is keyed by tokens, not positions, so it stays valid for the next tree); a tree
+    step writes the target's predictions into T and grows it. Both feed the pool."""
+    prompt = [1, 2, 11, 12, 13, 14, 15, 16, 3, 11, 12, 20, 21, 4, 11]
+    cfg = PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
+                    max_candidate_nodes=12, draft_shape="auto")
+    state = PTDRequestState(cfg, prompt, frozenset())
+    assert state.context.max_length == cfg.match_length   # chains measure match lengths
+    x, committed = 12, [12]
+    for step, shape in enumerate(["chain", "tree", "chain", "chain", "tree", None]):
+        before, pool_before = _tree_signature(state), state.pool.size(x)
+        layout = state.propose(x, committed=committed, shape=shape)
+        assert state.last_shape == (shape or "tree")   # auto without a policy: trees
+        if state.last_shape == "chain":
+            assert layout.is_chain and layout.num_draft == 0
+            assert len(state.chain_classes) == len(layout) - 1
+            assert len(layout) > 1 or step > 0
+        else:
+            assert layout.num_draft > 0 and state.chain_classes == []
+        argmax = np.full(len(layout), 30 + step, dtype=np.int64)
+        result = verify_greedy(layout, argmax)
+        state.observe(layout, argmax, result)
+        after = _tree_signature(state)
+        assert (after == before) == (state.last_shape == "chain")
+        assert state.pool.size(x) >= pool_before
+        x, committed = result.bonus, list(result.tokens)
+
+
+def test_auto_shape_proposals_match_the_fixed_shapes_of_the_same_state() -> None:
+    prompt = [1, 2, 11, 12, 13, 14, 15, 16, 3, 11, 12, 20, 21, 4, 11]
+
+    def layout(draft_shape: str, shape: str | None):
+        cfg = PTDConfig(context_ngram=4, context_min_ngram=1, max_nodes=16,
+                        max_candidate_nodes=12, draft_shape=draft_shape)
+        return PTDRequestState(cfg, prompt, frozenset()).propose(12, committed=[12],
+                                                                 shape=shape)
+
+    assert layout("auto", "chain").tokens.tolist() == layout("chain", None).tokens.tolist()
+    assert layout("auto", "tree").tokens.tolist() == layout("tree", None).tokens.tolist()
