@@ -8,10 +8,10 @@ the batch's expected committed tokens per second:
 
 R requests are in the batch (each commits one token without drafts), D of them may draft.
 
-- `step_time` is `StepCostModel`: a + c * drafting + b * N, fitted online to measured
-  step periods against the tokens each step scheduled (tree sizes, batch sizes and the
-  exploration below give it the spread it needs; ridge priors keep it sane until then;
-  idle gaps and steps with prompt tokens are not samples). On a GPU at small batch b is
+- `step_time` is `StepCostModel` (core/step_cost.py): a + c * drafting + b * N, fitted
+  online to measured step periods against the tokens each step scheduled (tree sizes,
+  batch sizes and the exploration below give it the spread it needs; ridge priors keep it
+  sane until then; idle gaps and steps with prompt tokens are not samples). On a GPU at small batch b is
   close to 0 and the full tree pays; on a CPU rows cost, the more so without matrix units
   (on an AVX-512 CPU without AMX one row of the embedded model costs ~4% of a plain step,
   on one with AMX ~1-2%), and with a large batch the tree stops paying altogether.
@@ -49,6 +49,19 @@ grows (rate * b and rate * c grow with it) without a grid or exploration: chains
 length and steps without any happen on their own. Unsure chains (a pool guess, a single
 earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree drafter
 would also stop, sure ones (several occurrences agree) run long.
+
+One policy for the draft's shape (config draft_shape "auto"): per step, for the whole batch,
+chains or trees, and then their budget as above. `ShapeCostModel` prices a tree request apart
+from a chain request (what tree attention adds, per request and per row); the trees' value
+is G * s(n), learned from tree steps only, the chains' the accepted tokens per drafting
+request at their current prices (ChainUsage), learned from chain steps only. Trees run when
+their best size beats the chains' expected tokens per second and no drafts by the margin;
+chains otherwise (they cut themselves down to no drafts where rows do not pay). So trees run
+where rows are cheap and trees accept more (a GPU at small batch) and chains where a tree
+step costs ~1.8x a chain step (the AMX CPU), without a platform switch. Each shape is learned
+only from its own steps, so the one not chosen runs one step after `shape_explore_after` (32)
+steps without it, 4x later when the other wins by 25%: on the CPU one tree step in 129
+costs ~0.6% of chain speed. T grows only on tree steps (core/request_state.py).
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
