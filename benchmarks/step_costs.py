@@ -39,6 +39,7 @@ METHOD_SPECS = {
     "suffix": {"method": "suffix"},
     "ptd_chain": {"method": "ptd", "draft_shape": "chain"},
     "ptd_tree": {"method": "ptd", "draft_shape": "tree"},
+    "ptd_auto": {"method": "ptd", "draft_shape": "auto"},
 }
 
 
