@@ -335,12 +335,19 @@ def test_auto_drafts_chains_where_tree_steps_cost_1_8x_a_chain_step() -> None:
     assert d + 15 * e > 0.5 * 0.0165   # the explored trees priced what tree attention adds
 
 
+def test_auto_drafts_chains_where_rows_are_cheap_but_chains_accept_more() -> None:
+    """Measured acceptance decides as much as cost: a repeated answer's sure chains beat
+    trees that accept less, even where tree rows are free."""
+    _, ran = _run_auto(_gpu_step, 600, tree_gain=0.8, row_p=0.9)
+    late = ran[200:]
+    assert sum(shape == "chain" for shape, _ in late) >= 0.9 * len(late)
+
+
 def test_auto_follows_the_cost_when_it_changes_from_gpu_like_to_cpu_like() -> None:
     """Same acceptance, the hardware's step costs differ: only the measured costs decide."""
     policy, ran = _run_auto(_gpu_step, 300)
     assert ran[-1][0] == "tree"
     policy.cost = ShapeCostModel()
-    policy._warmup_choices = 0
     _, ran = _run_auto(_cpu_step, 600, policy=policy, seed=1)
     late = ran[300:]
     assert sum(shape == "chain" for shape, _ in late) >= 0.9 * len(late)
