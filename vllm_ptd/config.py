@@ -115,8 +115,9 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
     "shared_outputs": _int(0, 100_000_000,
                            "chains only (draft_shape chain, and auto's chain steps): tokens "
                            "of finished requests' outputs kept (newest first) to draft other "
-                           "requests from, as suffix decoding's global tree (0: off). Outputs are unchanged either way; set 0 where "
-                           "requests' acceptance rates must not depend on each other"),
+                           "requests from, as suffix decoding's global tree (0: off). Outputs "
+                           "are unchanged either way; set 0 where requests' acceptance rates "
+                           "must not depend on each other"),
     "context_depth": _int(1, 64, "tokens taken after each occurrence"),
     "match_length": _int(0, 64,
                          "chains: how far back a match of context_ngram tokens is followed to "
