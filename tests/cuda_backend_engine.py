@@ -45,8 +45,12 @@ import torch
 TRITON_BACKEND = "vllm_ptd.attention.triton_tree_backend.TritonTreeAttentionBackend"
 NEW_TOKENS = 24
 JOIN_AFTER = 6   # output tokens of request i before request i+1 joins
+UNDRAFTED_TOKENS = 6
 CALLS = {"tree_kernel": 0, "tree_kernel_mixed": 0, "compact_kernel": 0, "compact_pairs": 0,
          "plain_attention": 0, "kv_writes": 0}
+# Steps as vLLM's runner classified them for CUDA graphs (counted once the engine is built):
+# a uniform decode batch is what FULL graphs are captured for and replayed over.
+STEPS = {"recording": False, "steps": 0, "with_tree": 0, "uniform": 0, "uniform_with_tree": 0}
 
 
 def _write_kv_cache(key, value, key_cache, value_cache, slot_mapping, *args, **kwargs):
@@ -136,6 +140,36 @@ def install_substitutions() -> None:
 
     triton_tree_backend.tree_attention = counted_tree_attention
     vllm_ptd.kernels.compact_kv = counted_compact_kv   # imported at each compaction
+    count_graph_classification()
+
+
+def count_graph_classification() -> None:
+    """Pass-through wrappers on vLLM's step classification: per engine step, whether vLLM
+    took it for the uniform decode batch (`_is_uniform_decode`, as
+    `_determine_batch_execution_and_padding` asks it) and whether it carried PTD trees."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    is_uniform_decode = GPUModelRunner._is_uniform_decode
+    determine = GPUModelRunner._determine_batch_execution_and_padding
+    last = {}
+
+    def counted_is_uniform_decode(*args, **kwargs):
+        last["uniform"] = is_uniform_decode(*args, **kwargs)
+        return last["uniform"]
+
+    def counted_determine(self, *args, **kwargs):
+        last.clear()
+        result = determine(self, *args, **kwargs)
+        if STEPS["recording"]:
+            tree = getattr(self.drafter, "step", None) is not None
+            STEPS["steps"] += 1
+            STEPS["with_tree"] += int(tree)
+            STEPS["uniform"] += int(last["uniform"])
+            STEPS["uniform_with_tree"] += int(last["uniform"] and tree)
+        return result
+
+    GPUModelRunner._is_uniform_decode = staticmethod(counted_is_uniform_decode)
+    GPUModelRunner._determine_batch_execution_and_padding = counted_determine
 
 
 def chat_prompts(model: str) -> list[str]:
@@ -157,7 +191,10 @@ def worker_facts(worker) -> dict:
     backends = sorted({f"{g.backend.__module__}.{g.backend.__qualname__}"
                        for groups in runner.attn_groups for g in groups})
     return {"backends": backends, "packed": uses_packed_tree_backend(runner),
-            "device": str(runner.device), "kv_cache_shape": list(runner.kv_caches[0].shape)}
+            "device": str(runner.device), "kv_cache_shape": list(runner.kv_caches[0].shape),
+            "uniform_decode_query_len": runner.uniform_decode_query_len,
+            "dispatcher_uniform_decode_query_len":
+                runner.cudagraph_dispatcher.uniform_decode_query_len}
 
 
 def run(mode: str, model: str) -> dict:
@@ -174,9 +211,13 @@ def run(mode: str, model: str) -> dict:
     ptd = {"adaptive_budget": False, "draft_shape": "tree"} if mode == "triton" else None
     # Blocks of 16 tokens (vLLM's CUDA default) under PTD, so trees and KV moves cross block
     # edges; vLLM's CPU backend takes multiples of 32 only.
+    # Processed logprobs: a request asking for logprobs gets no drafts (eligibility.py), the
+    # way to have steps in which no request drafts (the last phase below); no other request
+    # asks for logprobs.
     llm = make_llm(model=model, ptd=ptd, max_model_len=1024, max_num_seqs=4,
-                   block_size=16 if ptd else 32)
+                   block_size=16 if ptd else 32, logprobs_mode="processed_logprobs")
     engine = llm.llm_engine
+    STEPS["recording"] = True
     prompts = chat_prompts(model)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
 
@@ -202,8 +243,16 @@ def run(mode: str, model: str) -> dict:
             produced[out.request_id] = len(out.outputs[0].token_ids)
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
-    result = {"outputs": [done[n] for n in names], "joins": joins,
-              "snapshot": snap(), "calls": dict(CALLS)}
+    # Last, a request PTD does not draft for, alone: its decode steps carry no draft rows.
+    undrafted = SamplingParams(temperature=0.0, max_tokens=UNDRAFTED_TOKENS, logprobs=1)
+    engine.add_request("undrafted", prompts[0], undrafted)
+    while "undrafted" not in done:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    result = {"outputs": [done[n] for n in names], "undrafted": done["undrafted"],
+              "joins": joins,
+              "snapshot": snap(), "calls": dict(CALLS), "steps": dict(STEPS)}
     if ptd:
         result["worker"] = llm.collective_rpc(worker_facts)[0]
     return result

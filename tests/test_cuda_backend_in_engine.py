@@ -98,6 +98,23 @@ def test_the_engine_ran_ptds_cuda_path(runs):
     assert calls["kv_writes"] > 0 and calls["plain_attention"] > 0
 
 
+def test_only_steps_without_drafts_are_the_batches_full_cuda_graphs_replay(runs):
+    # vllm_integration/cuda_graphs.py: one token per request is a PTD engine's uniform
+    # decode batch, the only one vLLM replays FULL graphs over (captured without trees). On
+    # CPU no graph runs; vLLM's own classification of each step is what is checked.
+    triton = runs["triton"]
+    worker, steps = triton["worker"], triton["steps"]
+    assert worker["uniform_decode_query_len"] == 1
+    assert worker["dispatcher_uniform_decode_query_len"] == 1
+    assert steps["with_tree"] > 0
+    assert steps["uniform_with_tree"] == 0, steps
+    # The last request gets no drafts (it asks for logprobs in a processed mode) and runs
+    # alone: its decode steps are uniform decode batches, and its output is plain decoding's.
+    assert steps["uniform"] > 0, steps
+    assert triton["undrafted"] == runs["plain"]["undrafted"]
+    assert len(triton["undrafted"]) > 1
+
+
 def test_requests_joined_mid_flight_and_shared_tree_steps(runs):
     triton = runs["triton"]
     joins, calls = triton["joins"], triton["calls"]
