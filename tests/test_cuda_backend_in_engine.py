@@ -9,7 +9,9 @@ must equal plain greedy decoding by vLLM's stock CPU engine, token for token, fo
 prompts (from three of the prompt sets) of which the second and the third join mid-flight, each while the
 requests before it decode; trees must have branched (`masked_blocks`), accepted nodes' KV must
 have moved (`kv_moves`, the Triton compaction launched) and joined requests' rows must have
-shared tree-kernel launches with other requests' trees.
+shared tree-kernel launches with other requests' trees. A last request that PTD does not draft
+for runs alone: vLLM must take its steps, and no step with a tree, for the uniform decode batch
+that FULL CUDA graphs replay (vllm_integration/cuda_graphs.py).
 
 What is substituted, for this test only, and why (all of it in
 tests/cuda_backend_engine.py `install_substitutions`):
