@@ -256,6 +256,8 @@ class PTDProposer:
         if policy.auto:
             d, e = policy.cost.tree_extras()
             out["cost_model_ms"].update(tree_per_request=1e3 * d, tree_per_row=1e3 * e)
+            out["cost_samples"] = {"steps": policy.cost.samples,
+                                   "with_trees": policy.cost.tree_samples}
             out["step_shape"] = policy.step_shape
         if policy.chain or policy.auto:
             out["chain_prices"] = {"row": policy.row_price, "chain": policy.chain_price}
