@@ -30,7 +30,7 @@ DEFAULT_STEP_MS = (13.2, 0.4, 1.8)
 
 
 def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
-                    max_tokens: int) -> dict:
+                    max_tokens: int, split: str) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import SamplingParams
 
@@ -41,7 +41,8 @@ def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     traces = {}
     for dataset in datasets:
-        texts = chat_prompts(llm, sample_prompts(dataset, offset + prompts)[offset:])
+        questions = sample_prompts(dataset, offset + prompts, split=split)[offset:]
+        texts = chat_prompts(llm, questions)
         outs = llm.generate(texts, params, use_tqdm=False)
         traces[dataset] = [{"prompt": list(o.prompt_token_ids),
                             "output": list(o.outputs[0].token_ids)} for o in outs]
@@ -156,7 +157,9 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+",
                         default=["mt_bench", "gsm8k", "humaneval", "mbpp"])
     parser.add_argument("--prompts", type=int, default=24)
-    parser.add_argument("--offset", type=int, default=10)
+    parser.add_argument("--split", default="tune", choices=("all", "tune", "heldout"),
+                        help="half of each set the outputs are made from (datasets.SPLITS)")
+    parser.add_argument("--offset", type=int, default=0, help="questions skipped first")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ptd", nargs="+", default=["default={}"], metavar="LABEL=JSON")
     parser.add_argument("--step-ms", type=float, nargs=3, default=DEFAULT_STEP_MS,
@@ -168,7 +171,7 @@ def main() -> None:
             traces = json.load(f)
     else:
         traces = generate_traces(args.traces, args.datasets, args.prompts, args.offset,
-                                 args.max_tokens)
+                                 args.max_tokens, args.split)
     cost = StepCost(*args.step_ms)
     plain_rate = 1.0 / cost.seconds(0)
     configs = [(label, json.loads(spec)) for label, _, spec in
