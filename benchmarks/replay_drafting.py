@@ -74,7 +74,7 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
     from vllm_ptd.core.shared_outputs import SharedOutputs
     from vllm_ptd.core.verify import verify_greedy
 
-    cfg = PTDConfig.from_dict({**CPU_DEFAULTS, **overrides})
+    cfg = PTDConfig.from_dict({**CPU_DEFAULTS, "draft_shape": CHAIN, **overrides})
     if cfg.draft_shape != CHAIN:
         raise ValueError("replay covers chains only (draft_shape 'chain')")
     policy = BudgetPolicy(cfg.max_nodes, chain=True) if cfg.adaptive_budget else None

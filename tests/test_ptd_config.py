@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ptd.config import CHAIN, CPU_DEFAULTS, TREE
+from vllm_ptd.config import AUTO, CHAIN, CPU_DEFAULTS, TREE
 from vllm_ptd.vllm_integration.spec_config import split_speculative_dict
 
 
@@ -15,7 +15,7 @@ def test_defaults_are_the_papers():
 
 def test_platform_defaults_fill_only_keys_the_user_did_not_set():
     cfg = split_speculative_dict({"method": "ptd"}, defaults=CPU_DEFAULTS)
-    assert (cfg.draft_shape, cfg.max_nodes) == (CHAIN, 15)
+    assert (cfg.draft_shape, cfg.max_nodes) == (AUTO, 15)
     cfg = split_speculative_dict({"method": "ptd", "draft-shape": "tree"}, defaults=CPU_DEFAULTS)
     assert (cfg.draft_shape, cfg.max_nodes) == (TREE, 15)
     assert split_speculative_dict({"method": "ptd", "draft_shape": 0},

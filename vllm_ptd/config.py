@@ -131,14 +131,12 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
 # the paper's ~64 extra tokens is nearly free at small batch). x and 15 nodes fill one 16-row
 # tile of oneDNN's AMX GEMMs (from 17 rows on a second tile costs ~20% more), and 15 nodes
 # (10 for C) beat 12 (8) on MT-Bench first turns, GSM8K and HumanEval and tied on MBPP (bf16,
-# batch 1, SmolLM2-135M). Chains, since a tree step pays for masked attention in every layer
-# (~1 ms per step, 7% of a plain step on an AVX-512 CPU) while a chain attends through vLLM's
-# own causal kernel and its rows are priced one by one (core/budget.py). With 1-gram matches
-# and 16 tokens per occurrence more steps draft; the row prices cut what does not pay
-# (offline replay of greedy first turns, benchmarks/replay_drafting.py).
+# batch 1, SmolLM2-135M). With 1-gram matches and 16 tokens per occurrence more chains draft;
+# the row prices cut what does not pay (offline replay of greedy first turns,
+# benchmarks/replay_drafting.py). The draft's shape is no platform default: "auto" measures
+# (on the AMX CPU it drafts chains, a tree step costing ~1.8x a chain step).
 CPU_DEFAULTS: dict[str, Any] = {"max_nodes": 15, "max_candidate_nodes": 10,
-                                "draft_shape": CHAIN, "context_min_ngram": 1,
-                                "context_depth": 16}
+                                "context_min_ngram": 1, "context_depth": 16}
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ class PTDConfig:
     max_nodes: int = 64
     max_candidate_nodes: int = 32
     adaptive_budget: bool = True
-    draft_shape: str = TREE
+    draft_shape: str = AUTO
     context_ngram: int = 4
     context_min_ngram: int = 2
     context_matches: int = 4

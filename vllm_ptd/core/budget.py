@@ -36,7 +36,7 @@ size as of max_nodes, so T keeps growing at every grid size, and the floor on G 
 drafting alive: G can only be measured while drafting, so an estimate that stops drafting
 would never be revised.
 
-Chains (config draft_shape "chain", the CPU default): each request's chain is cut on its own,
+Chains (config draft_shape "chain", and auto's chain steps): each request's chain is cut on its own,
 row by row, from what its evidence predicts. `RowAcceptanceModel` learns, per evidence class of a
 row (core/chain.py: pool or context, how many matched occurrences agree, n-gram length,
 depth), how often such a row is accepted after the rows before it were; a chain's k-th row
