@@ -80,7 +80,7 @@ def test_every_named_key_refuses_other_values_naming_key_and_allowed_values(key,
     spec = PTD_CONFIG_KEYS[key]
     if spec.kind is bool and isinstance(value, bool):
         return   # true and false are this key's values
-    shown = "one of 'tree', 'chain'" if spec.kind is str else "true or false"
+    shown = "one of 'tree', 'chain', 'auto'" if spec.kind is str else "true or false"
     with pytest.raises(ValueError, match=re.escape(f"'{key}' must be {shown} (or the old 0, 1)"
                                                    f", got {value!r}")):
         _engine_config({"method": "ptd", key: value})
