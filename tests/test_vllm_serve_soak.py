@@ -11,12 +11,14 @@ unseeded sampled, some streams closed by the client after a few chunks. Rounds o
 Asserted after each faulted round: no request lost (every request not closed by its client
 completed, without an error), greedy and seeded answers equal to the reference (text, finish
 reason, token ids where returned), faults fired at several stages and PTD fell back, the
-server healthy, PTD's per-request state back to empty (`live_states == 0`); and the last
-faulted round grew the server's resident memory by less than RSS_GROWTH_BOUND_MIB. The last,
-not the second: the worker's memory still settles over the first faulted rounds (measured, all
-of it in the worker: +132, +27 and +64 MiB over faulted rounds 2, 3 and 4; once +316 MiB over
-round 2, on the code of before and after `draft_shape` "auto" alike), while a leak grows every
-round.
+server healthy, PTD's per-request state back to empty (`live_states == 0`); and the server's
+resident memory grew by less than RSS_GROWTH_BOUND_MIB a round, on average over the last two
+faulted rounds. RSS over one round is noisy (all of the growth is in the worker: measured
++132, +27, +64 MiB over faulted rounds 2-4 of one run, +87 and +136 MiB over rounds 2-3 of
+another, and once +316 MiB over round 2 alone, on the code from before and after
+`draft_shape` "auto" alike); a leak grows every round, so the mean of two rounds keeps it in
+sight with half the noise. Where the worker's growth of ~1 MiB per request and round comes
+from was not established.
 
 The server runs without prefix caching: with it, one seeded request got a wrong first token on
 the second and third pass over the same prompts, faults or not; a defect of vLLM 0.32's CPU
@@ -190,8 +192,8 @@ def test_soak_with_faults_at_random_stages(record_property):
                                   any_error=True))
         assert _problems(specs[:CLIENTS], again, want) == []
         assert server.healthy()
-    growth = rss[-1] - rss[-2]
+    growth = (rss[-1] - rss[-3]) / 2
     record_property("rss_growth_mib", round(growth, 1))
-    print(f"RSS growth over the last faulted round: {growth:+.1f} MiB "
+    print(f"RSS growth a round over the last two faulted rounds: {growth:+.1f} MiB "
           f"(bound {RSS_GROWTH_BOUND_MIB} MiB)")
     assert growth < RSS_GROWTH_BOUND_MIB
