@@ -12,7 +12,6 @@ from vllm_ptd.core.budget import (
     StepCostModel,
     budget_sizes,
 )
-from vllm_ptd.core.step_cost import ShapeCostModel
 
 
 def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
@@ -286,7 +285,7 @@ def _run_auto(step_seconds, steps: int, tree_gain: float = 2.0, row_p: float = 0
 
 def test_shape_cost_model_tells_a_tree_request_from_a_chain_request() -> None:
     rng = np.random.default_rng(2)
-    model = ShapeCostModel(decay=0.999)
+    model = StepCostModel(decay=0.999)
     for step in range(3000):
         tree = step % 3 == 0
         rows = int(rng.integers(0, 16))
@@ -302,7 +301,7 @@ def test_shape_cost_model_tells_a_tree_request_from_a_chain_request() -> None:
 
 
 def test_shape_cost_model_prices_a_tree_as_a_chain_until_trees_are_measured() -> None:
-    model = ShapeCostModel()
+    model = StepCostModel()
     for rows in range(100):
         model.observe(1 + rows % 9, _cpu_step(int(rows % 9 > 0), 1 + rows % 9, 0, 0),
                       int(rows % 9 > 0))
@@ -347,7 +346,7 @@ def test_auto_follows_the_cost_when_it_changes_from_gpu_like_to_cpu_like() -> No
     """Same acceptance, the hardware's step costs differ: only the measured costs decide."""
     policy, ran = _run_auto(_gpu_step, 300)
     assert ran[-1][0] == "tree"
-    policy.cost = ShapeCostModel()
+    policy.cost = StepCostModel()
     _, ran = _run_auto(_cpu_step, 600, policy=policy, seed=1)
     late = ran[300:]
     assert sum(shape == "chain" for shape, _ in late) >= 0.9 * len(late)

@@ -51,8 +51,8 @@ earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree 
 would also stop, sure ones (several occurrences agree) run long.
 
 One policy for the draft's shape (config draft_shape "auto"): per step, for the whole batch,
-chains or trees, and then their budget as above. `ShapeCostModel` prices a tree request apart
-from a chain request (what tree attention adds, per request and per row); the trees' value
+chains or trees, and then their budget as above. `StepCostModel`'s tree terms price a tree
+request apart from a chain request (what tree attention adds, per request and per row); the trees' value
 is G * s(n), learned from tree steps only, the chains' the accepted tokens per drafting
 request at their current prices (ChainUsage), learned from chain steps only. Trees run when
 their best size beats the chains' expected tokens per second and no drafts by the margin;
@@ -75,7 +75,7 @@ import numpy as np
 
 from vllm_ptd.config import CHAIN, TREE
 from vllm_ptd.core.chain import NUM_CLASSES
-from vllm_ptd.core.step_cost import ShapeCostModel, StepCostModel
+from vllm_ptd.core.step_cost import StepCostModel
 
 
 def budget_sizes(max_nodes: int) -> list[int]:
@@ -197,7 +197,7 @@ class BudgetPolicy:
     max_nodes: int
     chain: bool = False   # requests draft chains (config draft_shape "chain"), not trees
     auto: bool = False    # each step's shape is chosen too (config draft_shape "auto")
-    cost: StepCostModel | ShapeCostModel | None = None   # None: the one the shape needs
+    cost: StepCostModel = field(default_factory=StepCostModel)
     gain: GainModel = field(init=False)   # trees only
     # A tree must be predicted to beat no drafts by 15% to be used: a margin for what the
     # models miss (young requests accept less than G; rows of several trees cost more than
@@ -237,8 +237,6 @@ class BudgetPolicy:
     usage: ChainUsage = field(default_factory=ChainUsage)
 
     def __post_init__(self) -> None:
-        if self.cost is None:
-            self.cost = ShapeCostModel() if self.auto else StepCostModel()
         self.gain = GainModel(self.max_nodes)
         self.sizes = np.array(budget_sizes(self.max_nodes))
         self.step_shape = CHAIN if self.chain else TREE
@@ -257,14 +255,14 @@ class BudgetPolicy:
 
     def time_step(self, tokens: int, seconds: float, drafting: int, trees: int = 0,
                   tree_rows: int = 0) -> None:
-        """One measured step period (see `ShapeCostModel.observe` for the counts); idle
-        gaps are not samples."""
+        """One measured step period (see `StepCostModel.observe` for the counts); idle
+        gaps are not samples. Only auto tells trees apart: with a fixed shape every drafting
+        request is priced by c and b alone."""
         if self.cost.is_outlier(tokens, seconds):
             return
-        if self.auto:
-            self.cost.observe(tokens, seconds, drafting, trees, tree_rows)
-        else:
-            self.cost.observe(tokens, seconds, drafting)
+        if not self.auto:
+            trees = tree_rows = 0
+        self.cost.observe(tokens, seconds, drafting, trees, tree_rows)
 
     # -- trees -------------------------------------------------------------------------
     def _choose_tree(self, num_requests: int, num_drafting: int) -> int:
@@ -277,7 +275,7 @@ class BudgetPolicy:
         """Expected tokens per second with trees of each grid size (the first: none)."""
         n = self.sizes
         a, b, c = self.cost.coefficients()
-        d, e = self.cost.tree_extras() if self.auto else (0.0, 0.0)
+        d, e = self.cost.tree_extras()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
         seconds = (a + (c + d) * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
                    + e * num_drafting * n)

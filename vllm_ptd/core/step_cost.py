@@ -1,10 +1,9 @@
-"""Step time models of the load-adaptive budget (core/budget.py), fitted online to measured
-step periods.
+"""The step time model of the load-adaptive budget (core/budget.py), fitted online to
+measured step periods.
 
-`StepCostModel` prices a step by its tokens and its drafting requests (draft_shape "tree" or
-"chain": every drafting request has the same shape). `ShapeCostModel` also tells a tree
-request from a chain request (draft_shape "auto"), so that the policy can weigh one shape
-against the other.
+One model for every draft shape: with draft_shape "tree" or "chain" every drafting request has
+that shape and the tree terms below stay 0 (no sample carries them); with "auto" they tell a
+tree request from a chain request, so that the policy can weigh one shape against the other.
 """
 
 from __future__ import annotations
@@ -14,91 +13,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-class _IdleGapGuard:
-    """`is_outlier` for a cost model with `fastest`, `samples` and `predict(tokens)`."""
-
-    def is_outlier(self, tokens: int, seconds: float) -> bool:
-        """An interval far beyond any step: the engine sat idle between two steps. Such a
-        sample among the first few can set the slope 50x too high and stop drafting."""
-        if seconds > 4.0 * self.fastest + 0.05:
-            return True
-        return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
-
-
 @dataclass
-class StepCostModel(_IdleGapGuard):
-    """Step time (s) as a + c * drafting + b * tokens, fitted online by least squares with
-    exponential forgetting. c is the fixed price of each request with draft rows in a step
-    (a tree's own tree-attention call in every layer; for trees and chains alike the
-    verification, the sampler's draft path and PTD's bookkeeping), which a plain line
-    through drafting steps would smear over every row and misplace the cost of no drafts.
-    Per request, not per step: one price per step makes 4 requests' trees look 18% cheaper
-    than they are, and the budget then drafts at 0.85x plain speed (GSM8K, 4 requests at
-    once)."""
-
-    decay: float = 0.995             # weight of a sample after each newer one
-    slope_prior: float = 0.01        # prior b as a fraction of the mean step time
-    prior_strength: float = 300.0    # ridge weight on b toward that prior (token^2 units)
-    jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
-    samples: int = 0
-    fastest: float = float("inf")    # shortest step seen (s): the outlier guard's yardstick
-    _xtx: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
-    _xty: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    _fit: tuple[float, float, float] | None = None   # coefficients() since the last sample
-
-    def observe(self, tokens: int, seconds: float, drafting: int = 1) -> None:
-        """A step of `tokens` scheduled tokens, `drafting` of its requests with draft rows."""
-        self.fastest = min(self.fastest, seconds)
-        x = np.array([1.0, float(drafting), float(tokens)])
-        self._xtx = self.decay * self._xtx + np.outer(x, x)
-        self._xty = self.decay * self._xty + seconds * x
-        self.samples += 1
-        self._fit = None
-
-    def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c); zeros before any sample. Solved once per sample: every step reads
-        them two or three times."""
-        if self._fit is None:
-            self._fit = self._solve()
-        return self._fit
-
-    def _solve(self) -> tuple[float, float, float]:
-        weight = self._xtx[0, 0]
-        if weight == 0.0:
-            return 0.0, 0.0, 0.0
-        mean_n, mean_y = self._xtx[0, 2] / weight, self._xty[0] / weight
-        # Centre the token column so that the ridge on b does not pull the intercept.
-        centre = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-mean_n, 0.0, 1.0]])
-        xtx = centre @ self._xtx @ centre.T
-        xty = centre @ self._xty
-        ridge = np.diag([1e-9, self.jump_strength, self.prior_strength])
-        target = np.array([0.0, 0.0, self.slope_prior * mean_y])
-        a_c, c, b = np.linalg.solve(xtx + ridge, xty + ridge @ target)
-        b = max(float(b), 0.0)
-        # back from the centred intercept: y = a_c + c*t + b*(n - mean_n)
-        a = max(float(a_c) - b * mean_n, 0.0)
-        return a, b, max(float(c), 0.0)
-
-    def predict(self, tokens: float, drafting: int = 1) -> float:
-        a, b, c = self.coefficients()
-        return a + c * drafting + b * tokens
-
-
-@dataclass
-class ShapeCostModel(_IdleGapGuard):
-    """Step time (s) of steps that may carry chains and trees (draft_shape "auto"):
+class StepCostModel:
+    """Step time (s) as
 
         a + c * drafting + b * tokens + d * trees + e * tree_rows
 
-    `drafting` counts the requests with draft rows, `trees` those of them whose rows needed
-    tree attention (a masked block) and `tree_rows` those trees' rows besides x. A chain
-    request then costs c + b a row, a tree request c + d + (b + e) a row: d and e are what
-    tree attention adds (on the AMX CPU a tree step's forward takes ~1.8x a chain step's,
-    38 against 21 ms, mostly the masked attention call in every layer; on a GPU at small
-    batch close to nothing).
+    fitted online by least squares with exponential forgetting. `drafting` counts the
+    requests with draft rows, `trees` those of them whose rows needed tree attention (a
+    masked block) and `tree_rows` those trees' rows besides x.
 
-    Fitted like `StepCostModel` (least squares with forgetting, the same priors on a, b and
-    c). d and e are pulled toward 0: until trees are measured a tree costs what a chain of
+    c is the fixed price of each request with draft rows in a step (verification, the
+    sampler's draft path and PTD's bookkeeping; with a fixed tree shape also its own
+    tree-attention call in every layer), which a plain line through drafting steps would
+    smear over every row and misplace the cost of no drafts. Per request, not per step: one
+    price per step makes 4 requests' trees look 18% cheaper than they are, and the budget then
+    drafts at 0.85x plain speed (GSM8K, 4 requests at once).
+
+    d and e (draft_shape "auto"): what tree attention adds to a chain request, per request and
+    per row (on the AMX CPU a tree step's forward takes ~1.8x a chain step's, 38 against 21 ms,
+    mostly the masked attention call in every layer; on a GPU at small batch close to
+    nothing). They are pulled toward 0: until trees are measured a tree costs what a chain of
     as many rows does, so the policy tries trees wherever they promise more accepted tokens,
     and the first trees measured correct it. The pull is weak, a quarter of one tree step:
     where chains win, trees run only when explored, one step in 33 to 129, and with the
@@ -136,7 +71,9 @@ class ShapeCostModel(_IdleGapGuard):
         self._fit = None
 
     def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c): the step and what a chain costs (as `StepCostModel.coefficients`)."""
+        """(a, b, c): the step, and what a drafting request costs (a chain request; with a
+        fixed tree shape a tree request) per request and per token; zeros before any
+        sample. Solved once per sample: every step reads them two or three times."""
         a, c, _, b, _ = self._coefficients()
         return a, b, c
 
@@ -150,6 +87,13 @@ class ShapeCostModel(_IdleGapGuard):
                 tree_rows: float = 0.0) -> float:
         a, c, d, b, e = self._coefficients()
         return a + c * drafting + b * tokens + d * trees + e * tree_rows
+
+    def is_outlier(self, tokens: int, seconds: float) -> bool:
+        """An interval far beyond any step: the engine sat idle between two steps. Such a
+        sample among the first few can set the slope 50x too high and stop drafting."""
+        if seconds > 4.0 * self.fastest + 0.05:
+            return True
+        return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
 
     def _coefficients(self) -> tuple[float, ...]:
         if self._fit is None:
