@@ -31,21 +31,37 @@ DEFAULT_STEP_MS = (13.2, 0.4, 1.8)
 
 def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
                     max_tokens: int, split: str) -> dict:
+    """Greedy outputs of every turn of the sets' conversations (MT-Bench's second turns
+    asked after the model's own first answers, as `vllm-ptd bench` asks them), in the order
+    the benchmark answers them at batch 1: a conversation's turns one after the other."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import sys
+
     from vllm import SamplingParams
 
-    from vllm_ptd.datasets import sample_prompts
-    from vllm_ptd.engine_utils import chat_prompts, make_llm
+    from vllm_ptd.engine_utils import make_llm
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ptd_bench.workloads import load_workload, messages_for
 
     llm = make_llm(None, dtype="bfloat16", enforce_eager=True)
+    tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     traces = {}
     for dataset in datasets:
-        questions = sample_prompts(dataset, offset + prompts, split=split)[offset:]
-        texts = chat_prompts(llm, questions)
-        outs = llm.generate(texts, params, use_tqdm=False)
-        traces[dataset] = [{"prompt": list(o.prompt_token_ids),
-                            "output": list(o.outputs[0].token_ids)} for o in outs]
+        convs = load_workload(dataset, offset + prompts, split=split).conversations[offset:]
+        answers: list[list[str]] = [[] for _ in convs]
+        per_turn: dict[tuple[int, int], dict] = {}
+        for turn in range(max(map(len, convs))):
+            idx = [i for i, conv in enumerate(convs) if turn < len(conv)]
+            texts = [tok.apply_chat_template(messages_for(convs[i], answers[i]),
+                                             tokenize=False, add_generation_prompt=True)
+                     for i in idx]
+            for i, out in zip(idx, llm.generate(texts, params, use_tqdm=False)):
+                answers[i].append(out.outputs[0].text)
+                per_turn[(i, turn)] = {"prompt": list(out.prompt_token_ids),
+                                       "output": list(out.outputs[0].token_ids)}
+        traces[dataset] = [per_turn[key] for key in sorted(per_turn)]
     with open(path, "w") as f:
         json.dump(traces, f)
     return traces
@@ -82,7 +98,8 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
         for n in range(400):   # the cost model learns the line, as it would online
             rows = n % 9
             policy.cost.observe(1 + rows, cost.seconds(rows), drafting=int(rows > 0))
-    shared = (SharedOutputs(cfg.shared_outputs, cfg.context_ngram, cfg.context_min_ngram)
+    shared = (SharedOutputs(cfg.shared_outputs, cfg.context_ngram, cfg.context_min_ngram,
+                           max_length=cfg.match_length)
               if cfg.shared_outputs and cfg.context_ngram else None)
     tokens = steps = rows_total = 0
     seconds = 0.0

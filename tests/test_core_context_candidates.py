@@ -144,6 +144,36 @@ def test_best_path_is_the_first_path_of_the_continuations_with_its_evidence() ->
     assert ContextIndex(max_n=2).best_path(3, 4) == (0, [], [])
 
 
+def _first_path_with_counts(counts: dict) -> tuple[list[int], list[int]]:
+    """The most frequent child at each level of a {token: [count, children]} trie (the
+    first on ties, the most recent occurrence's)."""
+    tokens, agree = [], []
+    while counts:
+        tok, (count, counts) = max(counts.items(), key=lambda kv: kv[1][0])
+        tokens.append(tok)
+        agree.append(count)
+    return tokens, agree
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_path_walks_the_occurrences_as_their_trie_would(seed: int) -> None:
+    # best_path follows the occurrences that still agree instead of building their trie;
+    # on random histories (small vocabularies repeat, separators cut continuations, other
+    # indexes are queried) it must give the trie's first path and counts.
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        vocab = int(rng.choice([3, 5, 20]))
+        max_n = int(rng.choice([1, 2, 4]))
+        idx = ContextIndex(max_n, int(rng.integers(1, max_n + 1)),
+                           max_length=int(rng.choice([0, 8, 32])))
+        for _ in range(int(rng.integers(1, 120))):
+            idx.extend([int(rng.integers(vocab)) if rng.random() > 0.03 else -1])
+            depth, matches = int(rng.integers(1, 17)), int(rng.integers(1, 7))
+            for query in (None, [int(t) for t in rng.integers(vocab, size=int(rng.integers(1, 9)))]):
+                n, counts = idx._match(depth, matches, query)
+                assert idx.best_path(depth, matches, query) == (n, *_first_path_with_counts(counts))
+
+
 def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each() -> None:
     from vllm_ptd.core.chain import (
         CONTEXT,

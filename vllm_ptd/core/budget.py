@@ -147,21 +147,35 @@ class RowAcceptanceModel:
     prior: float = 0.5          # p of a class before it is observed
     prior_weight: float = 2.0   # the prior's weight, in observations
     decay: float = 0.998
-    _hit: np.ndarray = field(init=False)
-    _seen: np.ndarray = field(init=False)
+    # Python lists, not arrays: every request's chain reads a few entries every step, and
+    # numpy's per-call overhead on 1-16 elements was most of the chain's pricing time.
+    _hit: list[float] = field(init=False)
+    _seen: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._hit = np.full(self.num_classes, self.prior * self.prior_weight)
-        self._seen = np.full(self.num_classes, self.prior_weight)
+        self._hit = [self.prior * self.prior_weight] * self.num_classes
+        self._seen = [self.prior_weight] * self.num_classes
 
     def rates(self, classes) -> np.ndarray:
         """p of each class (acceptance given the rows before were accepted)."""
-        idx = np.asarray(classes, dtype=np.int64)
-        return self._hit[idx] / self._seen[idx]
+        return np.array([self._hit[c] / self._seen[c] for c in classes], dtype=np.float64)
 
     def predicted(self, classes) -> np.ndarray:
         """P_k for a chain whose rows have these classes."""
         return np.cumprod(self.rates(classes))
+
+    def leading_surplus(self, classes, row_price: float) -> tuple[int, float]:
+        """(keep, surplus): how many leading rows have P_k above `row_price` (P_k only
+        falls with k) and the sum of their P_k - row_price."""
+        hit, seen = self._hit, self._seen
+        p, keep, surplus = 1.0, 0, 0.0
+        for cls in classes:
+            p *= hit[cls] / seen[cls]
+            if p <= row_price:
+                break
+            keep += 1
+            surplus += p - row_price
+        return keep, surplus
 
     def record(self, classes, accepted: int) -> None:
         """One verified chain: its first `accepted` rows were accepted; the row after them
@@ -379,12 +393,9 @@ class BudgetPolicy:
         run (those whose predicted acceptance exceeds the row price, or none when together
         they do not also pay the chain's price) and what they are expected to gain beyond
         their price (tokens; 0 when not run), the yardstick between candidate chains."""
-        if not len(classes):
-            return 0, 0.0
-        surplus = self.rows_model.predicted(classes) - self.row_price
-        keep = int(np.argmin(surplus > 0)) if (surplus <= 0).any() else len(surplus)
-        value = float(surplus[:keep].sum()) - self.chain_price
-        return (keep, value) if value > 0 else (0, 0.0)
+        keep, surplus = self.rows_model.leading_surplus(classes, self.row_price)
+        value = surplus - self.chain_price
+        return (keep, value) if keep and value > 0 else (0, 0.0)
 
     def chain_length(self, classes) -> int:
         if self._explore_chain and len(classes):

@@ -43,12 +43,22 @@ def rows_from_shared(classes) -> int:
     return sum(1 for cls in classes if cls // per_source >= SHARED)
 
 
+def ngram_bucket(ngram: int) -> int:
+    return NGRAM_BUCKETS[ngram] if ngram < len(NGRAM_BUCKETS) else NUM_NGRAM_BUCKETS - 1
+
+
 def row_class(source: int, ngram: int, depth: int) -> int:
     """Evidence class of a chain row (0 <= class < NUM_CLASSES)."""
-    bucket = 0 if source == POOL else (
-        NGRAM_BUCKETS[ngram] if ngram < len(NGRAM_BUCKETS) else NUM_NGRAM_BUCKETS - 1)
-    return ((source * NUM_NGRAM_BUCKETS + bucket) * MAX_DEPTH_BUCKET
-            + min(depth, MAX_DEPTH_BUCKET) - 1)
+    bucket = 0 if source == POOL else ngram_bucket(ngram)
+    return _CLASSES[source][bucket][min(depth, MAX_DEPTH_BUCKET) - 1]
+
+
+# _CLASSES[source][bucket][depth - 1]: a table, since every row of every request's chain
+# needs its class every step.
+_CLASSES = [[[(source * NUM_NGRAM_BUCKETS + bucket) * MAX_DEPTH_BUCKET + depth
+              for depth in range(MAX_DEPTH_BUCKET)]
+             for bucket in range(NUM_NGRAM_BUCKETS)]
+            for source in range(NUM_SOURCES)]
 
 
 def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
@@ -82,17 +92,23 @@ def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
 def _follow(origin: int | None, ngram: int, path: list[int], agree: list[int],
             pool_root: dict | None, limit: int) -> tuple[list[int], list[int]]:
     """A match's path as far as `limit`, then the pool's freshest continuation."""
-    tokens: list[int] = []
+    tokens: list[int] = path[:limit]
     classes: list[int] = []
     node = pool_root or None
-    for tok, count in zip(path[:limit], agree):
-        in_pool = node is not None and tok in node
-        node = node[tok] if in_pool else None
-        tokens.append(tok)
-        classes.append(row_class(match_source(origin, count, in_pool), ngram, len(tokens)))
+    last = MAX_DEPTH_BUCKET - 1
+    if tokens:
+        bucket = ngram_bucket(ngram)
+        for depth, (tok, count) in enumerate(zip(tokens, agree)):
+            in_pool = node is not None and tok in node
+            node = node[tok] if in_pool else None
+            # = row_class(match_source(origin, count, in_pool), ngram, depth + 1)
+            by_depth = _CLASSES[origin + 2 * (count > 1) + in_pool][bucket]
+            classes.append(by_depth[depth if depth < last else last])
+    pool_classes = _CLASSES[POOL][0]
     while node and len(tokens) < limit:
         tok = next(reversed(node))   # the freshest branch
         node = node[tok]
+        depth = len(tokens)
         tokens.append(tok)
-        classes.append(row_class(POOL, 0, len(tokens)))
+        classes.append(pool_classes[depth if depth < last else last])
     return tokens, classes

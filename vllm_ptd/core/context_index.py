@@ -77,19 +77,39 @@ class ContextIndex:
         the occurrences used agree with tokens[:i + 1]. query: look up the end of this token
         sequence instead of the index's own history (another request's, for a shared
         index)."""
-        n, counts = self._match(max_depth, max_matches, query)
+        n, used, stop = self._occurrences(max_matches, query)
+        toks = self.tokens
+        # Walk the occurrences that still agree with the path, most recent first, instead
+        # of building their trie: every chain step of every request runs this.
+        alive = [end + 1 for end in reversed(used)]   # next position of each occurrence
         tokens: list[int] = []
         agree: list[int] = []
-        while counts:
-            tok, (count, counts) = max(counts.items(), key=lambda kv: kv[1][0])
+        while len(tokens) < max_depth:
+            if len(alive) == 1:   # one occurrence left: its continuation, as far as it goes
+                pos = alive[0]
+                for tok in toks[pos: min(pos + max_depth - len(tokens), stop)]:
+                    if tok < 0:
+                        break
+                    tokens.append(tok)
+                    agree.append(1)
+                break
+            counts: dict[int, int] = {}
+            for pos in alive:
+                if pos < stop and toks[pos] >= 0:
+                    counts[toks[pos]] = counts.get(toks[pos], 0) + 1
+            if not counts:
+                break
+            tok = max(counts, key=counts.__getitem__)   # first of the most frequent
             tokens.append(tok)
-            agree.append(count)
+            agree.append(counts[tok])
+            alive = [pos + 1 for pos in alive if pos < stop and toks[pos] == tok]
         return n, tokens, agree
 
-    def _match(self, max_depth: int, max_matches: int, query: Sequence[int] | None = None
-               ) -> tuple[int, dict]:
-        """(n, {token: [count, children]}) for the longest matching n-gram; (0, {}) if none.
-        Children are in first-seen order, the most recent occurrence first."""
+    def _occurrences(self, max_matches: int, query: Sequence[int] | None = None
+                     ) -> tuple[int, list[int], int]:
+        """(n, ends, stop): the longest matching n-gram's length (see `best_path`), the end
+        positions of its most recent `max_matches` occurrences (oldest first), and the
+        position continuations stop at. (0, [], stop) if none matches."""
         toks = self.tokens
         last = len(toks) - 1
         if query is None:
@@ -101,14 +121,22 @@ class ContextIndex:
             if ends:
                 break
         else:
-            return 0, {}
+            return 0, [], last + 1
         used = ends[-max_matches:]
         if n == self.max_n and self.max_length > n:
             n = max(self._match_length(query, end, n) for end in used)
+        return n, used, last + 1
+
+    def _match(self, max_depth: int, max_matches: int, query: Sequence[int] | None = None
+               ) -> tuple[int, dict]:
+        """(n, {token: [count, children]}) for the longest matching n-gram; (0, {}) if none.
+        Children are in first-seen order, the most recent occurrence first."""
+        n, used, stop = self._occurrences(max_matches, query)
+        toks = self.tokens
         counts: dict = {}
         for end in reversed(used):  # most recent first
             node = counts
-            for tok in toks[end + 1: min(end + 1 + max_depth, last + 1)]:
+            for tok in toks[end + 1: min(end + 1 + max_depth, stop)]:
                 if tok < 0:
                     break
                 entry = node.get(tok)
