@@ -1,5 +1,6 @@
 """Where a decoding step's time goes, per method: plain, vLLM's suffix and ngram, PTD chains and
-PTD trees, on the same prompts, taking turns prompt by prompt (interleaved, batch 1, greedy).
+PTD trees, on the same prompts, taking turns prompt by prompt (interleaved, greedy; batch 1, or
+`--concurrency` prompts at once).
 
 Every method runs in this process with vLLM's in-process engine core, so each stage of a
 step can be timed by wrapping vLLM's own functions (wall clock, no profiler):
@@ -101,6 +102,8 @@ def main() -> None:
     p.add_argument("--split", default="tune")
     p.add_argument("--prompts", type=int, default=4, help="per set")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="prompts given to each generate call at once (1: batch 1)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -129,24 +132,25 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     for run in runs:   # warm-up, untimed, not a benchmark prompt
         run.llm.generate(["Say hello."], SamplingParams(max_tokens=8), use_tqdm=False)
-    for i, prompt in enumerate(prompts):
+    groups = [prompts[i:i + args.concurrency] for i in range(0, len(prompts), args.concurrency)]
+    for i, group in enumerate(groups):
         order = runs if i % 2 == 0 else runs[::-1]   # who goes first alternates
         for run in order:
             current[0] = run
             run.active = True
             start = time.perf_counter()
-            out = run.llm.generate([prompt], greedy, use_tqdm=False)
+            outs = run.llm.generate(group, greedy, use_tqdm=False)
             run.wall += time.perf_counter() - start
             run.active = False
-            run.tokens += len(out[0].outputs[0].token_ids)
-        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
+            run.tokens += sum(len(out.outputs[0].token_ids) for out in outs)
+        print(f"group {i + 1}/{len(groups)}", flush=True)
     table = {}
     for run in runs:
         per_step = {stage: 1e3 * run.seconds[stage] / run.steps for stage in STAGES}
         per_step["other"] = (1e3 * run.seconds["step"] / run.steps) - sum(per_step.values())
         per_step["step"] = 1e3 * run.seconds["step"] / run.steps
         table[run.name] = {"ms_per_step": per_step, "steps": run.steps, "tokens": run.tokens,
-                           "tokens_per_step": run.tokens / run.steps,
+                           "tokens_per_step": run.tokens / run.steps,   # over the batch
                            "ms_per_token": 1e3 * run.wall / run.tokens,
                            "tokens_per_s": run.tokens / run.wall}
     plain = table.get("plain")

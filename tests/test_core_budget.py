@@ -378,3 +378,13 @@ def test_fixed_shapes_never_change_shape_and_keep_their_cost_model() -> None:
     for policy, shape in ((tree, "tree"), (chain, "chain")):
         _, ran = _run_auto(_cpu_step, 100, policy=policy)
         assert {s for s, _ in ran} == {shape}
+
+
+def test_the_first_timed_step_is_not_a_sample() -> None:
+    # An engine's first step pays one-off costs: at 16 requests at once its 83 ms (two
+    # requests, a warm-up tree) had priced every tree 8.6 ms above what later steps measured.
+    policy = BudgetPolicy(15, auto=True)
+    policy.time_step(19, 0.083, drafting=2, trees=1, tree_rows=15)
+    assert policy.cost.samples == 0
+    policy.time_step(16, 0.036, drafting=0)
+    assert policy.cost.samples == 1

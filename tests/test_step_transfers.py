@@ -13,6 +13,29 @@ from engine_helpers import REPETITIVE_PROMPTS, settled_live_states, snapshot
 from vllm_ptd.vllm_integration.step_transfers import StepTransfers
 
 
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 40])
+def test_cpu_argmax_in_blocks_picks_what_plain_decoding_picks(rows):
+    # bf16 logits are converted to float32 16 rows at a time through one reused buffer; the
+    # argmax must be vLLM's greedy_argmax over the whole float32 tensor, ties included
+    # (first index), in one read.
+    from vllm_ptd.vllm_integration.tree_verification import greedy_argmax
+
+    generator = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 4099, generator=generator).to(torch.bfloat16)
+    logits[:, 7] = logits.max() + 1          # a tie in every row: index 7 wins, not 11
+    logits[:, 11] = logits[:, 7]
+    logits[rows // 2, 3000] = logits.max() + 2
+    transfers = StepTransfers("cpu")
+    transfers.start_step()
+    for _ in range(2):   # the buffer is reused, whatever it held
+        got = greedy_argmax(logits, transfers)
+        expected = torch.ops._C.greedy_argmax(logits.float()).view(-1).numpy()
+        assert got.tolist() == expected.tolist()
+        assert got[0] == (3000 if rows // 2 == 0 else 7) and got[rows // 2] == 3000
+    assert transfers.counts.reads == 2
+    assert greedy_argmax(logits.float(), transfers).tolist() == expected.tolist()
+
+
 def test_transfers_are_counted_per_step():
     transfers = StepTransfers("cpu")
     transfers.start_step()

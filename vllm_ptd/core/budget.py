@@ -235,6 +235,7 @@ class BudgetPolicy:
     # and its cost are learned only from its own steps); `clear_explore_factor` times later
     # when the other shape wins by `clear_margin` (0: never).
     shape_explore_after: int = 32
+    _timed_first: bool = False
     _choices: int = 0
     _batches_without_chain: int = 0
     _explore_chain: bool = False
@@ -272,6 +273,10 @@ class BudgetPolicy:
         """One measured step period (see `StepCostModel.observe` for the counts); idle
         gaps are not samples. Only auto tells trees apart: with a fixed shape every drafting
         request is priced by c and b alone."""
+        if not self._timed_first:
+            # The engine's first timed step pays one-off costs (allocations, first calls).
+            self._timed_first = True
+            return
         if self.cost.is_outlier(tokens, seconds):
             return
         if not self.auto:

@@ -43,6 +43,7 @@ class StepTransfers:
         self._step_uploads = 0
         self._step_reads = 0
         self._staging: dict[str, torch.Tensor] = {}
+        self._scratch: dict[str, torch.Tensor] = {}
 
     def start_step(self) -> None:
         """Close the previous step's tally (called as each step's inputs are prepared)."""
@@ -69,6 +70,17 @@ class StepTransfers:
         view = staging[: host.numel()].view(host.shape)
         view.copy_(host)
         return view.to(self.device, non_blocking=True)
+
+    def scratch(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer of `shape` for work on the host side of a step (kind: what it is
+        for), reused step after step: a fresh buffer of tens of MB every step costs its
+        first touch each time. Not a transfer."""
+        numel = int(np.prod(shape))
+        buffer = self._scratch.get(kind)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype:
+            buffer = torch.empty(numel, dtype=dtype)
+            self._scratch[kind] = buffer
+        return buffer[:numel].view(shape)
 
     def read(self, tensor: torch.Tensor) -> np.ndarray:
         """The tensor's values on the host (waits for the device)."""
