@@ -35,14 +35,10 @@ def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
     asked after the model's own first answers, as `vllm-ptd bench` asks them), in the order
     the benchmark answers them at batch 1: a conversation's turns one after the other."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import sys
-
+    from ptd_bench.workloads import load_workload, messages_for  # beside this script
     from vllm import SamplingParams
 
     from vllm_ptd.engine_utils import make_llm
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from ptd_bench.workloads import load_workload, messages_for
 
     llm = make_llm(None, dtype="bfloat16", enforce_eager=True)
     tok = llm.get_tokenizer()

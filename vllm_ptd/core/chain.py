@@ -101,14 +101,11 @@ def _follow(origin: int | None, ngram: int, path: list[int], agree: list[int],
         for depth, (tok, count) in enumerate(zip(tokens, agree)):
             in_pool = node is not None and tok in node
             node = node[tok] if in_pool else None
-            # = row_class(match_source(origin, count, in_pool), ngram, depth + 1)
-            by_depth = _CLASSES[origin + 2 * (count > 1) + in_pool][bucket]
-            classes.append(by_depth[depth if depth < last else last])
-    pool_classes = _CLASSES[POOL][0]
+            # row_class(source, ngram, depth + 1), with the bucket looked up once a chain
+            classes.append(_CLASSES[match_source(origin, count, in_pool)][bucket][min(depth, last)])
     while node and len(tokens) < limit:
         tok = next(reversed(node))   # the freshest branch
         node = node[tok]
-        depth = len(tokens)
+        classes.append(_CLASSES[POOL][0][min(len(tokens), last)])
         tokens.append(tok)
-        classes.append(pool_classes[depth if depth < last else last])
     return tokens, classes
