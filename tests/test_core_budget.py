@@ -240,8 +240,106 @@ def test_chain_policy_runs_one_chain_whole_after_a_long_spell_without_any() -> N
     assert policy.chain_length([]) == 0
     # a chain that ran restarts the count: no exploring while chains run
     policy.record_chain([0] * 4, 2, 1)
-    assert all(policy.choose(16, 16) == policy.max_nodes and policy.chain_length([0] * 4) == 0
-               for _ in range(explore))
+    assert all(policy.choose(16, 16) in (0, policy.max_nodes)
+               and policy.chain_length([0] * 4) == 0 for _ in range(explore))
+
+
+def test_busy_chain_batches_skip_drafting_now_and_then_batch_1_never() -> None:
+    """With several requests some chain nearly always runs, and the price of the row tile
+    drafting opens is only measured against steps without drafts: one chain step in 32
+    drafts nothing. At batch 1 chains cut to nothing already give such steps."""
+    policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
+    busy = [policy.choose(16, 16) for _ in range(128)]
+    assert busy.count(0) == 4 and set(busy) == {0, policy.max_nodes}
+    assert all(policy.choose(1, 1) == policy.max_nodes for _ in range(128))
+
+
+def _tiled_cost(requests: int, drafting: int, rows: int) -> float:
+    """The AMX CPU about 16 requests at once (in-process, bf16): 37.8 ms at 16 without
+    drafts, 3 ms for each row tile past the first, 0.13 ms a drafting request and 0.33 ms a
+    row (and, assumed here, a request)."""
+    tiles = -(-(requests + rows) // 16)
+    return 0.0325 + 0.003 * (tiles - 1) + 0.00013 * drafting + 0.00033 * (requests + rows)
+
+
+def test_cost_model_tells_the_price_of_a_row_tile_from_the_price_of_drafting() -> None:
+    """At 16 requests any draft row opens a second tile. A model without the tile term reads
+    that jump as a price per drafting request, which then depends on how many draft."""
+    rng = np.random.default_rng(3)
+    model = StepCostModel(decay=0.999)
+    for _ in range(3000):
+        requests = int(rng.choice([8, 12, 16]))
+        drafting = int(rng.integers(0, requests + 1)) if rng.random() < 0.7 else 0
+        rows = sum(int(rng.integers(1, 9)) for _ in range(drafting))
+        model.observe(requests + rows, _tiled_cost(requests, drafting, rows)
+                      + rng.normal(0, 0.0015), drafting)
+    a, b, c = model.coefficients()
+    assert model.tile_cost() == pytest.approx(0.003, abs=0.0004)
+    assert c == pytest.approx(0.00013, abs=0.0002)
+    assert b == pytest.approx(0.00033, abs=0.00005)
+    assert model.predict(17, drafting=1) - model.predict(16, drafting=0) == pytest.approx(
+        0.003 + 0.00013 + 0.00033, abs=0.0005)
+    assert model.tiles(16) == 1 and model.tiles(17) == 2 and model.tiles(16.5) == 2
+
+
+def test_cost_model_without_tiled_rows_keeps_the_tile_price_at_zero() -> None:
+    """Batch 1 with up to 15 rows never leaves the first tile: the tile price is not
+    identifiable and stays 0, the line is as before."""
+    rng = np.random.default_rng(4)
+    model = StepCostModel(decay=0.999)
+    for _ in range(1000):
+        rows = int(rng.integers(0, 16))
+        model.observe(1 + rows, 0.030 + 0.0012 * (rows > 0) + 0.0004 * rows
+                      + rng.normal(0, 0.001), int(rows > 0))
+    assert model.tile_cost() == pytest.approx(0.0, abs=1e-6)
+    a, b, c = model.coefficients()
+    assert b == pytest.approx(0.0004, abs=0.0001) and c == pytest.approx(0.0012, abs=0.0005)
+
+
+def _tiled_chain_policy() -> BudgetPolicy:
+    """A chain policy whose cost model learned `_tiled_cost` at 16 requests at once; class 0
+    rows are always accepted, class 1 rows 40% of the time."""
+    rng = np.random.default_rng(5)
+    policy = BudgetPolicy(max_nodes=8, chain=True)
+    for _ in range(600):
+        drafting = int(rng.integers(0, 17)) if rng.random() < 0.7 else 0
+        rows = sum(int(rng.integers(1, 6)) for _ in range(drafting))
+        policy.cost.observe(16 + rows, _tiled_cost(16, drafting, rows), drafting)
+    for _ in range(300):
+        policy.rows_model.record([0] * 8, 8)
+        policy.rows_model.record([1], int(rng.random() < 0.4))
+    return policy
+
+
+def test_a_few_unsure_rows_do_not_open_a_row_tile_that_many_sure_ones_do() -> None:
+    policy = _tiled_chain_policy()
+    policy.choose(16, 16)
+    assert policy.tile_price > 0.5    # 3 ms at ~0.4 tokens a ms, with the margin
+    unsure = policy.chain_length([1] * 8)
+    assert unsure >= 1                # each chain pays its own rows and its request...
+    assert policy.fit_chains_to_tiles([([1] * 8, unsure)] * 2) == [0, 0]   # ...not a tile
+    # four requests with sure chains of 4 rows fill the second tile and pay for it
+    sure = [([0] * 8, 4)] * 4
+    assert policy.fit_chains_to_tiles(sure) == [4, 4, 4, 4]
+    # rows past a full tile open a third one: only the surest 16 rows run, whole chains
+    # first (the unsure chains' rows are worth less than any sure row)
+    mixed = [([0] * 8, 4)] * 4 + [([1] * 8, unsure)] * 2
+    assert policy.fit_chains_to_tiles(mixed) == [4, 4, 4, 4, 0, 0]
+
+
+def test_rows_that_fit_the_open_tile_are_never_cut() -> None:
+    """Below a tile boundary (here 4 requests: 12 rows fit their tile) the batch cut
+    changes nothing; a step that explores a chain keeps it whole."""
+    policy = _tiled_chain_policy()
+    policy.choose(4, 4)
+    unsure = policy.chain_length([1] * 8)
+    assert policy.fit_chains_to_tiles([([1] * 8, unsure)] * 2) == [unsure] * 2
+    policy.choose(16, 16)
+    policy._explore_chain = True
+    assert policy.chain_length([1] * 8) == 8
+    assert policy.fit_chains_to_tiles([([1] * 8, 8)]) == [8]
+    policy.choose(16, 16)     # the next step is not exploring
+    assert policy.fit_chains_to_tiles([([1] * 8, 8)]) == [0]
 
 
 # -- draft_shape "auto": one policy chooses chains or trees ---------------------------------
