@@ -124,11 +124,6 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
                          "measure its length, the evidence by which a row's acceptance is "
                          "learned (a long match, such as a repeated answer, runs long chains "
                          "at any load); 0: the n-gram's length only"),
-    "row_tile": _int(0, 1024,
-                     "rows per tile of the device's matrix units (16: AMX): the adaptive "
-                     "budget prices each further tile of a step's rows apart from its rows, "
-                     "and a busy batch's chains open a tile only when their rows pay for it "
-                     "(core/step_cost.py, core/budget.py); 0: no tile term"),
     "seed": _int(0, 2**63 - 1, "seed of the draft-tree seeding RNG (mixed with the prompt)"),
 }
 
@@ -162,7 +157,6 @@ class PTDConfig:
     context_depth: int = 8
     match_length: int = 32
     shared_outputs: int = 65536
-    row_tile: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:

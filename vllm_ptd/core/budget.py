@@ -69,7 +69,6 @@ Engine independent: the vLLM proposer feeds it step timings, token counts and ac
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,7 +238,6 @@ class BudgetPolicy:
     _timed_first: bool = False
     _choices: int = 0
     _batches_without_chain: int = 0
-    _chain_choices: int = 0
     _explore_chain: bool = False
     _warmup_choices: int = 0
     _steps_without: dict[str, int] = field(default_factory=lambda: {TREE: 0, CHAIN: 0})
@@ -249,9 +247,6 @@ class BudgetPolicy:
     # Chains only: what one row and one chain cost this step, in tokens (set by choose()).
     row_price: float = 0.0
     chain_price: float = 0.0
-    tile_price: float = 0.0           # one more row tile (fit_chains_to_tiles)
-    _step_requests: int = 0           # requests in the step being planned
-    _exploring_step: bool = False     # a chain of this step runs whole to explore
     rows_model: RowAcceptanceModel = field(
         default_factory=lambda: RowAcceptanceModel(NUM_CLASSES))
     usage: ChainUsage = field(default_factory=ChainUsage)
@@ -301,10 +296,8 @@ class BudgetPolicy:
         a, b, c = self.cost.coefficients()
         d, e = self.cost.tree_extras()
         tokens = num_requests + num_drafting * self.gain.full_gain * self.gain.shape(n)
-        rows = num_requests + num_drafting * n
-        tiles = np.array([self.cost.tiles(r) for r in rows])
-        seconds = (a + (c + d) * num_drafting * (n > 0) + b * rows + e * num_drafting * n
-                   + self.cost.tile_cost() * tiles)
+        seconds = (a + (c + d) * num_drafting * (n > 0) + b * (num_requests + num_drafting * n)
+                   + e * num_drafting * n)
         return tokens / np.maximum(seconds, 1e-9)
 
     def _pick_tree(self, rate: np.ndarray) -> int:
@@ -371,30 +364,18 @@ class BudgetPolicy:
     # -- chains ------------------------------------------------------------------------
     def _choose_chain(self, num_requests: int, num_drafting: int) -> int:
         self.step_shape = CHAIN
-        self._exploring_step = False
         self._batches_without_chain += 1
         if self._batches_without_chain > self.chain_explore_after:
             self._explore_chain = True
             self._batches_without_chain = 0
         self._set_chain_prices(num_requests, num_drafting)
-        self._chain_choices += 1
-        every = 4 * self.explore_every
-        if (num_requests > 1 and every and self.cost.tile_rows
-                and self._chain_choices % every == 0
-                and self.cost.samples >= self.warmup_samples):
-            # A step without drafts now and then: in a busy batch some request nearly always
-            # drafts, and without such steps the price of the row tile drafting opens
-            # (StepCostModel, t) is not measured. At batch 1 chains cut to nothing give them.
-            return 0
         return self.max_nodes
 
     def _chain_rate(self, num_requests: int, num_drafting: int) -> float:
         """Expected tokens per second with the batch's usual chains (ChainUsage)."""
         a, b, c = self.cost.coefficients()
         u = self.usage
-        rows = num_requests + num_drafting * u.rows
-        seconds = (a + c * num_drafting * u.drafted + b * rows
-                   + self.cost.tile_cost() * self.cost.tiles(rows))
+        seconds = a + c * num_drafting * u.drafted + b * (num_requests + num_drafting * u.rows)
         return (num_requests + num_drafting * u.accepted) / max(seconds, 1e-9)
 
     def _set_chain_prices(self, num_requests: int, num_drafting: int) -> None:
@@ -404,15 +385,13 @@ class BudgetPolicy:
         a drafting request (verification, sampler and drafting glue: ~1.8 ms, 13% of a
         plain step, on the AVX-512 CPU, against ~0.4 ms a row). Both carry the policy's
         margin. Before the cost model has samples every row is kept."""
-        self._step_requests = num_requests
         if self.cost.samples < self.warmup_samples:
-            self.row_price = self.chain_price = self.tile_price = 0.0
+            self.row_price = self.chain_price = 0.0
             return
         _, b, c = self.cost.coefficients()
         rate = self._chain_rate(num_requests, num_drafting)
         self.row_price = self.min_improvement * b * rate
         self.chain_price = self.min_improvement * c * rate
-        self.tile_price = self.min_improvement * self.cost.tile_cost() * rate
 
     def chain_plan(self, classes) -> tuple[int, float]:
         """(rows, value) for a chain with these evidence classes: how many leading rows to
@@ -426,49 +405,8 @@ class BudgetPolicy:
     def chain_length(self, classes) -> int:
         if self._explore_chain and len(classes):
             self._explore_chain = False
-            self._exploring_step = True
             return len(classes)
         return self.chain_plan(classes)[0]
-
-    def fit_chains_to_tiles(self, chains: list[tuple[Sequence[int], int]]) -> list[int]:
-        """The batch's chains, each (classes, rows kept by `chain_length`), cut so that the
-        rows they add pay for the row tiles they open (`StepCostModel`, t): returns the rows
-        each chain keeps. The kept rows of every chain are ranked by surplus (P_k - row
-        price; it falls along a chain, so any leading set is a prefix of each chain); the
-        step takes the leading rows that fill whole tiles, or all of them, whichever leaves
-        the most once each tile opened (`tile_price`) and each chain still running
-        (`chain_price`) is paid; none when nothing is left. With 16 requests at once a plain
-        step fills a tile: a draft row opens the next, and a handful of unsure rows no
-        longer buy it. A step that explores a chain (`chain_length`) keeps it whole."""
-        keeps = [keep for _, keep in chains]
-        total = sum(keeps)
-        if self.tile_price <= 0.0 or total == 0 or self._exploring_step:
-            return keeps
-        tiles, base = self.cost.tiles, self._step_requests
-        if tiles(base + total) == tiles(base):
-            return keeps
-        ranked = []   # (surplus, depth, chain)
-        for index, (classes, keep) in enumerate(chains):
-            for depth, p in enumerate(self.rows_model.predicted(list(classes)[:keep])):
-                ranked.append((float(p) - self.row_price, depth, index))
-        ranked.sort(key=lambda row: (-row[0], row[1]))
-        sizes = {total}
-        size = self.cost.tile_rows * tiles(base) - base   # rows the open tile still holds
-        while size < total:
-            sizes.add(size)
-            size += self.cost.tile_rows
-        best_size, best_value = 0, 0.0
-        for size in sorted(sizes):
-            chosen = ranked[:size]
-            value = (sum(row[0] for row in chosen)
-                     - self.chain_price * len({row[2] for row in chosen})
-                     - self.tile_price * (tiles(base + size) - tiles(base)))
-            if value > best_value:
-                best_size, best_value = size, value
-        cut = [0] * len(chains)
-        for _, _, index in ranked[:best_size]:
-            cut[index] += 1
-        return cut
 
     def chain_value(self, classes) -> float:
         return self.chain_plan(classes)[1]

@@ -17,22 +17,11 @@ import numpy as np
 class StepCostModel:
     """Step time (s) as
 
-        a + c * drafting + b * tokens + d * trees + e * tree_rows + t * tiles
+        a + c * drafting + b * tokens + d * trees + e * tree_rows
 
     fitted online by least squares with exponential forgetting. `drafting` counts the
     requests with draft rows, `trees` those of them whose rows needed tree attention (a
-    masked block), `tree_rows` those trees' rows besides x, and `tiles` is
-    ceil(tokens / tile_rows), the row tiles the step's GEMMs and attention work in.
-
-    t is what each further tile of rows costs beyond its rows. On the AMX CPU a step of 16
-    requests fills one 16-row tile, and its first draft row costs a second one: with random
-    drafting patterns at 16 requests at once (in-process, bf16) a step cost 37.8 ms plus
-    3.0 ms once anything drafted, 0.13 ms per drafting request and 0.33 ms per row; at 8
-    requests (rows fit in the tile) the jump was 0.7 ms and a drafting request 0.57 ms.
-    Without t that jump is spread over the drafting requests, and c swings with how many
-    draft: 3.2 ms when one or two do, ~0 when most do, so the policy drafts too little after
-    a quiet spell and too much after a busy one. Pulled toward 0 like c; where rows are not
-    tiled it stays near 0.
+    masked block) and `tree_rows` those trees' rows besides x.
 
     c is the fixed price of each request with draft rows in a step (verification, the
     sampler's draft path and PTD's bookkeeping; with a fixed tree shape also its own
@@ -61,14 +50,12 @@ class StepCostModel:
     jump_strength: float = 4.0       # ridge weight on c toward 0 (in samples)
     tree_strength: float = 0.25      # ridge weight on d toward 0 (in tree request-steps)
     tree_row_strength: float = 225.0   # ridge weight on e toward 0 (tree row^2 units)
-    tile_strength: float = 4.0       # ridge weight on t toward 0 (in samples)
-    tile_rows: int = 16              # AMX tiles 16 rows (config row_tile; 0: no tile term)
     samples: int = 0
     tree_samples: int = 0            # samples with at least one tree
     fastest: float = float("inf")
-    _xtx: np.ndarray = field(default_factory=lambda: np.zeros((6, 6)))
-    _xty: np.ndarray = field(default_factory=lambda: np.zeros(6))
-    # (a, c, d, b, e, t), in the features' order, since the last sample
+    _xtx: np.ndarray = field(default_factory=lambda: np.zeros((5, 5)))
+    _xty: np.ndarray = field(default_factory=lambda: np.zeros(5))
+    # (a, c, d, b, e), in the features' order, since the last sample
     _fit: tuple[float, ...] | None = None
 
     def observe(self, tokens: int, seconds: float, drafting: int = 1, trees: int = 0,
@@ -76,8 +63,7 @@ class StepCostModel:
         """A step of `tokens` scheduled tokens; `drafting` of its requests had draft rows,
         `trees` of those a tree with `tree_rows` rows in all (besides their x)."""
         self.fastest = min(self.fastest, seconds)
-        x = np.array([1.0, float(drafting), float(trees), float(tokens), float(tree_rows),
-                      float(self.tiles(tokens))])
+        x = np.array([1.0, float(drafting), float(trees), float(tokens), float(tree_rows)])
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
         self.samples += 1
@@ -88,29 +74,19 @@ class StepCostModel:
         """(a, b, c): the step, and what a drafting request costs (a chain request; with a
         fixed tree shape a tree request) per request and per token; zeros before any
         sample. Solved once per sample: every step reads them two or three times."""
-        a, c, _, b, _, _ = self._coefficients()
+        a, c, _, b, _ = self._coefficients()
         return a, b, c
-
-    def tiles(self, tokens: float) -> int:
-        """Row tiles of a step of `tokens` tokens (an expected count rounds up); 0 without
-        a tile term."""
-        return -int(-tokens // self.tile_rows) if self.tile_rows else 0
-
-    def tile_cost(self) -> float:
-        """t: what one more row tile costs beyond its rows."""
-        return self._coefficients()[5]
 
     def tree_extras(self) -> tuple[float, float]:
         """(d, e): what a tree request adds to a chain request's price, per request and per
         row."""
-        _, _, d, _, e, _ = self._coefficients()
+        _, _, d, _, e = self._coefficients()
         return d, e
 
     def predict(self, tokens: float, drafting: int = 1, trees: int = 0,
                 tree_rows: float = 0.0) -> float:
-        a, c, d, b, e, t = self._coefficients()
-        return (a + c * drafting + b * tokens + d * trees + e * tree_rows
-                + t * self.tiles(tokens))
+        a, c, d, b, e = self._coefficients()
+        return a + c * drafting + b * tokens + d * trees + e * tree_rows
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
         """An interval far beyond any step: the engine sat idle between two steps. Such a
@@ -127,16 +103,16 @@ class StepCostModel:
     def _solve(self) -> tuple[float, ...]:
         weight = self._xtx[0, 0]
         if weight == 0.0:
-            return (0.0,) * 6
+            return (0.0,) * 5
         means = self._xtx[0] / weight
         # Centre every feature, so that the ridge on a slope does not pull the intercept.
-        centre = np.eye(6)
+        centre = np.eye(5)
         centre[1:, 0] = -means[1:]
         xtx = centre @ self._xtx @ centre.T
         xty = centre @ self._xty
         ridge = np.diag([1e-9, self.jump_strength, self.tree_strength, self.prior_strength,
-                         self.tree_row_strength, self.tile_strength])
-        target = np.array([0.0, 0.0, 0.0, self.slope_prior * self._xty[0] / weight, 0.0, 0.0])
+                         self.tree_row_strength])
+        target = np.array([0.0, 0.0, 0.0, self.slope_prior * self._xty[0] / weight, 0.0])
         fit = np.linalg.solve(xtx + ridge, xty + ridge @ target)
         slopes = np.maximum(fit[1:], 0.0)
         # back from the centred intercept: y = fit[0] + slopes . (x - means)

@@ -22,7 +22,6 @@ from vllm_ptd.core.chain import rows_from_shared
 from vllm_ptd.core.layout import TreeLayout
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.request_state import PTDRequestState
-from vllm_ptd.core.step_cost import StepCostModel
 from vllm_ptd.core.shared_outputs import TenantSharedOutputs
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore
 from vllm_ptd.vllm_integration.eligibility import RAW_LOGPROBS_MODES, draft_blocker
@@ -128,8 +127,7 @@ class PTDProposer:
         if self.config.adaptive_budget and not self.parallel:
             self.policy = BudgetPolicy(self.config.max_nodes,
                                        chain=self.config.draft_shape == CHAIN,
-                                       auto=self.config.draft_shape == AUTO,
-                                       cost=StepCostModel(tile_rows=self.config.row_tile))
+                                       auto=self.config.draft_shape == AUTO)
         self.step_budget = self.config.max_nodes   # rows per drafting request, this step
         self._step_mark: StepMark | None = None   # the step in progress
 
@@ -324,44 +322,12 @@ class PTDProposer:
             except Exception:  # noqa: BLE001 (logged in fall_back; never take the engine down)
                 self.fall_back(req_id, "drafting")
                 drafts.append([])
-        if self.policy is not None and self.policy.step_shape == CHAIN:
-            try:
-                self._fit_chains_to_tiles(runner.input_batch.req_ids, drafts)
-            except Exception:  # the chains as each request cut them are valid drafts too
-                logger.exception("PTD batch cut of the chains failed; chains kept")
-        self._count_shared_rows(runner.input_batch.req_ids, drafts)
         self.counters.host_seconds += time.perf_counter() - started
         try:
             self._maybe_log()
         except Exception:  # a statistics line is not worth the engine
             logger.exception("PTD statistics line failed")
         return drafts
-
-    def _fit_chains_to_tiles(self, req_ids, drafts: list[list[int]]) -> None:
-        """Cut the step's chains together so that their rows pay for the row tiles they
-        open (`BudgetPolicy.fit_chains_to_tiles`): each keeps a prefix, or none."""
-        drafted = [index for index, tokens in enumerate(drafts) if tokens]
-        entries = [self.requests[req_ids[index]] for index in drafted]
-        keeps = self.policy.fit_chains_to_tiles(
-            [(entry.state.chain_classes, len(entry.pending) - 1) for entry in entries])
-        for index, entry, keep in zip(drafted, entries, keeps):
-            if keep >= len(drafts[index]):
-                continue
-            if keep == 0:
-                # As a step the policy gave no budget: it says nothing about the sources.
-                entry.undrafted = (int(entry.pending.tokens[0]), False)
-                entry.pending = None
-            else:
-                entry.pending = entry.pending.truncate(keep + 1)
-            drafts[index] = drafts[index][:keep]
-
-    def _count_shared_rows(self, req_ids, drafts: list[list[int]]) -> None:
-        if self.shared is None:
-            return
-        for index, tokens in enumerate(drafts):
-            if tokens:
-                state = self.requests[req_ids[index]].state
-                self.counters.shared_rows += rows_from_shared(state.chain_classes[:len(tokens)])
 
     def _choose_budget(self, runner, sampled_token_ids) -> int:
         """Rows per drafting request for the next step: max_nodes, or the policy's choice
@@ -452,5 +418,8 @@ class PTDProposer:
         if len(layout) <= 1:
             entry.undrafted = (sampled[-1], True)
             return []
+        if self.shared is not None:
+            self.counters.shared_rows += rows_from_shared(
+                state.chain_classes[: len(layout) - 1])
         entry.pending = layout
         return layout.tokens[1:].tolist()
