@@ -27,6 +27,7 @@ import os
 import random
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 STAGES = ("inputs", "forward", "logits", "sample", "propose", "update")
 
@@ -54,30 +55,14 @@ def randomise_chains(seed: int) -> None:
 
 def record_steps(log: list[dict]) -> None:
     """Append one dict per engine step: requests, draft rows, drafting requests, prompt
-    tokens, period (from one schedule call to the next) and seconds per stage."""
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    tokens, period (from one schedule call to the next) and seconds per stage (timed by
+    step_costs.py's wrappers)."""
+    from step_costs import instrument  # beside this script
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    stage_seconds: dict[str, float] = defaultdict(float)
+    clock = SimpleNamespace(active=True, seconds=defaultdict(float), steps=0)
+    instrument(lambda: clock)
     previous: dict = {}
-    for owner, name, stage in [(GPUModelRunner, "_prepare_inputs", "inputs"),
-                               (GPUModelRunner, "_model_forward", "forward"),
-                               (LogitsProcessor, "forward", "logits"),
-                               (GPUModelRunner, "_sample", "sample"),
-                               (GPUModelRunner, "propose_draft_token_ids", "propose"),
-                               (Scheduler, "update_from_output", "update")]:
-        original = getattr(owner, name)
-
-        def timed(*args, _original=original, _stage=stage, **kwargs):
-            start = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                stage_seconds[_stage] += time.perf_counter() - start
-
-        setattr(owner, name, timed)
-
     schedule = Scheduler.schedule
 
     def schedule_and_mark(self, *args, **kwargs):
@@ -87,8 +72,8 @@ def record_steps(log: list[dict]) -> None:
         requests = len(out.num_scheduled_tokens)
         rows = sum(map(len, spec.values()))
         if previous:
-            log.append({**previous, "seconds": now - previous.pop("start"), **stage_seconds})
-        stage_seconds.clear()
+            log.append({**previous, "seconds": now - previous.pop("start"), **clock.seconds})
+        clock.seconds.clear()
         previous.clear()
         previous.update(start=now, requests=requests, rows=rows,
                         drafting=sum(1 for drafts in spec.values() if drafts),

@@ -103,9 +103,10 @@ def _follow(origin: int | None, ngram: int, path: list[int], agree: list[int],
             node = node[tok] if in_pool else None
             # row_class(source, ngram, depth + 1), with the bucket looked up once a chain
             classes.append(_CLASSES[match_source(origin, count, in_pool)][bucket][min(depth, last)])
+    pool_classes = _CLASSES[POOL][0]
     while node and len(tokens) < limit:
         tok = next(reversed(node))   # the freshest branch
         node = node[tok]
-        classes.append(_CLASSES[POOL][0][min(len(tokens), last)])
+        classes.append(pool_classes[min(len(tokens), last)])
         tokens.append(tok)
     return tokens, classes
