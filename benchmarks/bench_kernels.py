@@ -15,7 +15,13 @@ every K/V row of every sequence read once, queries read once, outputs written on
 The tree kernel re-reads K/V once per query tile, so low GB/s at long query blocks
 means re-reads, not a slow memory system.
 
+The tree kernel runs as the engine calls it: where a batch is too small to fill the GPU,
+long prefixes are cut into split-KV slices (``splits`` column) and the same kernel
+without slices is timed beside it (``unsplit_ms``). ``--sweep-splits`` times forced
+slice counts against the automatic choice.
+
 Usage: python benchmarks/bench_kernels.py [--quick] [--dtype bf16] [--csv out.csv]
+       python benchmarks/bench_kernels.py --sweep-splits
 Needs a CUDA GPU for the timings; the case generation, byte counts and table code
 import and run on CPU (tests/test_kernels_bench.py).
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,7 +134,9 @@ def make_case(batch: int, ctx: int, q_len: int, shape: Shape, device: str = "cud
     }
 
 
-def run_tree(c: dict, out: torch.Tensor, scale: float) -> None:
+def run_tree(c: dict, out: torch.Tensor, scale: float, num_kv_splits: int | None = None) -> None:
+    """The kernel as the engine calls it (host max_seq_len: split-KV where it pays);
+    ``num_kv_splits=1`` for the kernel without split-KV."""
     kernels.tree_attention(
         c["query"],
         c["key_cache"],
@@ -140,7 +149,16 @@ def run_tree(c: dict, out: torch.Tensor, scale: float) -> None:
         scale,
         out,
         max_query_len=c["q_len"],
+        max_seq_len=c["ctx"] + c["q_len"],
+        num_kv_splits=num_kv_splits,
     )
+
+
+def kv_splits(c: dict, shape: Shape) -> int:
+    """How many prefix slices the kernel picks for this case on this GPU."""
+    ta = sys.modules[kernels.__name__ + ".tree_attention"]
+    programs = ta.attention_programs(c["batch"], c["q_len"], shape.q_heads, shape.kv_heads)
+    return ta.choose_kv_splits(programs, c["ctx"] + c["q_len"] - 1, ta.sm_count(c["query"].device))
 
 
 def reference_error(c: dict, out: torch.Tensor, scale: float) -> float:
@@ -265,6 +283,8 @@ COLUMNS = [
     ("tree_ms", 8, ".3f"),
     ("tree_GBs", 8, ".0f"),
     ("tree_TFs", 8, ".1f"),
+    ("splits", 6, "d"),
+    ("unsplit_ms", 10, ".3f"),
     ("vllm_ms", 8, ".3f"),
     ("vllm_GBs", 8, ".0f"),
     ("sdpa_ms", 8, ".3f"),
@@ -295,6 +315,8 @@ def attention_row(
     vllm_ms: float | None,
     sdpa_ms: float | None,
     err: float,
+    splits: int | None = None,
+    unsplit_ms: float | None = None,
 ) -> dict:
     num_bytes = attention_bytes(batch, ctx, q_len, shape)
     flops = attention_flops(batch, ctx, q_len, shape)
@@ -305,6 +327,8 @@ def attention_row(
         "tree_ms": tree_ms,
         "tree_GBs": gbps(num_bytes, tree_ms),
         "tree_TFs": flops / tree_ms / 1e9,
+        "splits": splits,
+        "unsplit_ms": unsplit_ms,
         "vllm_ms": vllm_ms,
         "vllm_GBs": gbps(num_bytes, vllm_ms),
         "sdpa_ms": sdpa_ms,
@@ -343,6 +367,13 @@ def bench_tree_attention(args: argparse.Namespace, shape: Shape, writer) -> bool
         out = torch.full_like(c["query"], float("nan"))
         run_tree(c, out, scale)
         err = reference_error(c, out, scale)
+        splits, unsplit_ms = kv_splits(c, shape), None
+        if splits > 1:  # the same kernel without split-KV, and its own error
+            one = torch.full_like(out, float("nan"))
+            run_tree(c, one, scale, num_kv_splits=1)
+            errs = [err, reference_error(c, one, scale)]
+            err = float("nan") if any(map(math.isnan, errs)) else max(errs)
+            unsplit_ms = bench(lambda o, c=c: run_tree(c, o, scale, num_kv_splits=1), one)
         if not err < TOL[shape.dtype]:  # NaN fails too
             ok = False
         tree_ms = bench(lambda o, c=c: run_tree(c, o, scale), out)
@@ -351,7 +382,9 @@ def bench_tree_attention(args: argparse.Namespace, shape: Shape, writer) -> bool
         sdpa_ms = None
         if sdpa_gather_bytes(c) <= args.sdpa_max_gb * 1e9:
             sdpa_ms = bench(make_sdpa_runner(c, scale), torch.empty_like(out))
-        row = attention_row(batch, ctx, q_len, shape, tree_ms, vllm_ms, sdpa_ms, err)
+        row = attention_row(
+            batch, ctx, q_len, shape, tree_ms, vllm_ms, sdpa_ms, err, splits, unsplit_ms
+        )
         print(format_row(row) + ("" if err < TOL[shape.dtype] else "  <-- ERROR"))
         if writer:
             writer.writerow(["tree_attention"] + [row[name] for name, _, _ in COLUMNS])
@@ -429,6 +462,29 @@ def bench_compaction(args: argparse.Namespace, shape: Shape, writer) -> bool:
     return ok
 
 
+SWEEP_SPLITS = [1, 2, 4, 8, 16, 32]
+
+
+def sweep_kv_splits(shape: Shape) -> None:
+    """Tree-kernel milliseconds per forced number of split-KV slices, beside the number
+    the kernel picks (``choose_kv_splits``): the check of its thresholds."""
+    scale = shape.head_size**-0.5
+    print("split-KV sweep: tree kernel ms per forced slice count; 'picked' = automatic")
+    print(f"{'batch':>5} {'ctx':>6} {'q':>4} | " + " ".join(f"{n:>7}" for n in SWEEP_SPLITS)
+          + " | picked")
+    for batch, ctx, q_len in itertools.product([1, 4, 16], [2048, 8192, 32768], [1, 16]):
+        c = make_case(batch, ctx, q_len, shape)
+        out = torch.empty_like(c["query"])
+        times = [
+            bench(lambda o, c=c, n=n: run_tree(c, o, scale, num_kv_splits=n), out)
+            for n in SWEEP_SPLITS
+        ]
+        print(f"{batch:>5} {ctx:>6} {q_len:>4} | " + " ".join(f"{t:7.3f}" for t in times)
+              + f" | {kv_splits(c, shape):>6}")
+        del c, out
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sweep (about a minute)")
@@ -444,6 +500,9 @@ def main() -> None:
         help="skip gather+SDPA when its gathered K/V would exceed this many GB",
     )
     parser.add_argument("--csv", type=str, default=None, help="also write rows here")
+    parser.add_argument(
+        "--sweep-splits", action="store_true", help="only the split-KV sweep (half a minute)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False).")
@@ -452,6 +511,9 @@ def main() -> None:
         torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__
     )
     print(f"device-to-device copy (ceiling): {copy_bandwidth_gbps():.0f} GB/s")
+    if args.sweep_splits:
+        sweep_kv_splits(shape)
+        return
     with open(args.csv, "w", newline="") if args.csv else open("/dev/null", "w") as f:
         writer = csv.writer(f) if args.csv else None
         if writer:

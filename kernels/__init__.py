@@ -7,7 +7,7 @@ Triton import to run the kernels on CPU tensors.
 """
 
 from .kv_compaction import check_compaction_order, compact_kv, compact_kv_torch
-from .tree_attention import check_supported, tree_attention
+from .tree_attention import check_supported, choose_kv_splits, tree_attention
 from .tree_attention_ref import tree_attention_ref
 from .tree_mask import (
     chain_parents,
@@ -21,6 +21,7 @@ __all__ = [
     "chain_parents",
     "check_compaction_order",
     "check_supported",
+    "choose_kv_splits",
     "compact_kv",
     "compact_kv_torch",
     "pack_bool_mask",

@@ -27,6 +27,8 @@ logits soft-capping, attention sinks, quantized (fp8/int) KV caches, K/V of diff
 head sizes, query dtype differing from the cache dtype.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -73,6 +75,10 @@ def _tree_attention_kernel(
     qsl_ptr,
     mask_ptr,
     is_tree_ptr,
+    part_acc_ptr,  # split-KV partials (NUM_SPLITS > 1): [splits, tokens, q heads, HEAD_PAD]
+    part_ml_ptr,  # their running max and sum: [splits, tokens, q heads, 2]
+    num_tokens,  # rows of query (partials' token extent)
+    num_q_heads,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     stride_qt,
     stride_qh,
@@ -100,10 +106,12 @@ def _tree_attention_kernel(
     HAS_IS_TREE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter only: its bf16 tl.dot is wrong, use fp32
+    NUM_SPLITS: tl.constexpr,  # > 1: the prefix is cut into this many slices (split-KV)
 ):
     req = tl.program_id(0)
     q_tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
 
     q_start = tl.load(qsl_ptr + req)
     q_len = tl.load(qsl_ptr + req + 1) - q_start
@@ -140,14 +148,17 @@ def _tree_attention_kernel(
 
     # Pass 0: committed prefix, fully visible. Pass 1: the block's own tokens, up to
     # the last row of this tile (ancestors have smaller indices), visible per mask.
+    # Split-KV: each split takes one TILE_N-aligned slice of the prefix; the last split
+    # also takes the block's own tokens.
     q_hi = tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
+    slice_len = tl.cdiv(tl.cdiv(ctx_len, NUM_SPLITS), TILE_N) * TILE_N
     for phase in tl.static_range(2):
         if phase == 0:
-            lo = 0
-            hi = ctx_len
+            lo = split * slice_len
+            hi = tl.minimum(lo + slice_len, ctx_len)
         else:
             lo = ctx_len
-            hi = ctx_len + q_hi
+            hi = ctx_len + tl.where(split == NUM_SPLITS - 1, q_hi, 0)
         for start in range(lo, hi, TILE_N):
             pos = start + tl.arange(0, TILE_N)  # logical KV index
             n_ok = pos < hi
@@ -206,21 +217,113 @@ def _tree_attention_kernel(
             )
             m_i = m_new
 
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_i[:, None]
+    if NUM_SPLITS == 1:
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr
+            + row[:, None] * stride_ot
+            + head[:, None] * stride_oh
+            + offs_d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+    else:
+        # Unnormalised partials; an empty slice stores m = -inf, l = 0, acc = 0.
+        part = (split * num_tokens + row) * num_q_heads + head
+        tl.store(
+            part_acc_ptr + part[:, None] * HEAD_PAD + offs_d[None, :],
+            acc,
+            mask=row_ok[:, None],
+        )
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    qsl_ptr,
+    num_reqs,
+    num_tokens,
+    num_q_heads,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    HEAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """One (token, head) per program: the splits' partial softmaxes combined."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    if row >= tl.load(qsl_ptr + num_reqs):
+        return  # a padding row past the batch: left untouched, as without splits
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_ok = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, HEAD_PAD)
+    part = (offs_s.to(tl.int64) * num_tokens + row) * num_q_heads + head
+    m = tl.load(part_ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_PAD + offs_d[None, :],
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    m_max = tl.max(m, 0)
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_ref)
+    total = tl.sum(w * l_s, 0)
+    total = tl.where(total == 0.0, 1.0, total)
+    out = tl.sum(w[:, None] * acc, 0) / total
     tl.store(
-        out_ptr
-        + row[:, None] * stride_ot
-        + head[:, None] * stride_oh
-        + offs_d[None, :] * stride_od,
+        out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d * stride_od,
         out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
+        mask=offs_d < HEAD,
     )
 
 
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (seen with triton 3.9: raw
 # bit patterns); under it, bf16 operands are upcast to fp32 before tl.dot.
 _INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
+
+
+# Split-KV: programs to aim for per streaming multiprocessor, the shortest prefix slice
+# worth a program of its own, and the most slices (a merge reads all of them).
+_PROGRAMS_PER_SM = 2
+_MIN_SLICE = 512
+_MAX_SPLITS = 32
+
+
+def sm_count(device: torch.device) -> int:
+    return _sm_count(torch.device(device).index or 0)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_kv_splits(programs: int, max_context: int, sm_count: int) -> int:
+    """How many slices to cut each prefix into so ``programs`` fill the GPU.
+
+    A step with few requests and long prefixes otherwise runs a handful of programs,
+    each streaming a whole prefix: at batch 1 and 32k tokens, 8 programs on 132 SMs.
+    """
+    if programs >= _PROGRAMS_PER_SM * sm_count:
+        return 1
+    wanted = triton.cdiv(_PROGRAMS_PER_SM * sm_count, programs)
+    return max(1, min(_MAX_SPLITS, wanted, max_context // _MIN_SLICE))
+
+
+def attention_programs(num_reqs: int, max_query_len: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """Programs one launch runs without split-KV: requests x query tiles x KV heads."""
+    num_qpk = num_q_heads // num_kv_heads
+    _, block_q, _ = _tile_sizes(num_qpk, max_query_len, 16)
+    return num_reqs * triton.cdiv(max_query_len, block_q) * num_kv_heads
 
 
 def _tile_sizes(num_qpk: int, max_q: int, head_pad: int) -> tuple[int, int, int]:
@@ -246,6 +349,8 @@ def tree_attention(
     *,
     max_query_len: int | None = None,
     is_tree: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
 ) -> torch.Tensor:
     """Tree attention for a batch of query blocks; writes ``out`` and returns it.
 
@@ -270,6 +375,12 @@ def tree_attention(
         max_query_len: longest query block; computed (one host sync) if omitted.
         is_tree: optional int32/bool ``[num_reqs]``; 0 marks a request whose block is
             a causal chain (prefill chunk, plain decode): its mask rows are not read.
+        max_seq_len: longest ``seq_lens`` entry, known on the host (vLLM's metadata
+            has it). On CUDA it lets a batch too small to fill the GPU cut long
+            prefixes into slices run by programs of their own, merged after
+            (split-KV, as vLLM's ``unified_attention`` does for decode). Without it,
+            no split (finding it would cost a host sync).
+        num_kv_splits: force the number of slices (tests; 1 = never split).
     """
     if query.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported query dtype {query.dtype}")
@@ -309,7 +420,29 @@ def tree_attention(
     num_qpk = num_q_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
     block_m, block_q, tile_n = _tile_sizes(num_qpk, max_query_len, head_pad)
-    grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    q_tiles = triton.cdiv(max_query_len, block_q)
+    splits = num_kv_splits
+    if splits is None:
+        splits = 1
+        if max_seq_len is not None and query.is_cuda:
+            programs = attention_programs(num_reqs, max_query_len, num_q_heads, num_kv_heads)
+            max_context = max_seq_len - 1  # a query block holds at least one token
+            splits = choose_kv_splits(programs, max_context, sm_count(query.device))
+    if splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {splits}")
+    num_tokens = query.shape[0]
+    if splits > 1:
+        part_acc = torch.empty(
+            (splits, num_tokens, num_q_heads, head_pad),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        part_ml = torch.empty(
+            (splits, num_tokens, num_q_heads, 2), dtype=torch.float32, device=query.device
+        )
+    else:
+        part_acc = part_ml = out  # unused
+    grid = (num_reqs, q_tiles, num_kv_heads * splits)
     # fp32 inputs: IEEE dots, so fp32 means fp32 (Triton's default would be tf32).
     precision = "ieee" if query.dtype == torch.float32 else None
     _tree_attention_kernel[grid](
@@ -322,6 +455,10 @@ def tree_attention(
         query_start_loc,
         mask_bits,
         is_tree.to(torch.int32) if is_tree is not None else seq_lens,  # dummy if unused
+        part_acc,
+        part_ml,
+        num_tokens,
+        num_q_heads,
         float(scale) * _LOG2E,
         *query.stride(),
         *key_cache.stride(),
@@ -339,5 +476,21 @@ def tree_attention(
         HAS_IS_TREE=is_tree is not None,
         DOT_PRECISION=precision,
         UPCAST=_INTERPRETED and query.dtype == torch.bfloat16,
+        NUM_SPLITS=splits,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out,
+            part_acc,
+            part_ml,
+            query_start_loc,
+            num_reqs,
+            num_tokens,
+            num_q_heads,
+            *out.stride(),
+            HEAD=head_size,
+            HEAD_PAD=head_pad,
+            NUM_SPLITS=splits,
+            SPLITS_PAD=triton.next_power_of_2(splits),
+        )
     return out

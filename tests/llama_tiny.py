@@ -204,9 +204,11 @@ class PagedBatchRunner:
         block_size: int = 16,
         order: str = "BLNHC",
         seed: int = 0,
+        kv_splits: int | None = None,
     ):
         cfg = model.cfg
         self.model, self.block_size, self.num_reqs = model, block_size, num_reqs
+        self.kv_splits = kv_splits  # forced split-KV slices (None: the kernel's choice)
         per_req = -(-max_tokens // block_size)
         num_blocks = num_reqs * per_req + 1
         self.raw, self.kv = carve_kv_buffer(order, cfg.num_layers, num_blocks, block_size,
@@ -252,7 +254,9 @@ class PagedBatchRunner:
             out = torch.empty_like(q)
             kernels.tree_attention(q, key_cache, value_cache, self.block_table, seq_lens, qsl,
                                    mask_bits, words, cfg.head**-0.5, out,
-                                   max_query_len=max(lens), is_tree=is_tree)
+                                   max_query_len=max(lens), is_tree=is_tree,
+                                   max_seq_len=max(self.lengths) + max(lens),
+                                   num_kv_splits=self.kv_splits)
             x = model.finish_layer(layer, x, out)
         for r, n in enumerate(lens):
             self.lengths[r] += n

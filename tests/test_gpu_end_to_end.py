@@ -119,12 +119,18 @@ def test_skipping_the_kv_moves_changes_the_output(model, prompt, greedy) -> None
     assert out[:MAX_NEW] != greedy
 
 
-def test_mixed_batch_one_launch_per_layer_equals_plain_greedy(model, prompt, greedy) -> None:
+@pytest.mark.parametrize("kv_splits", [None, 3])
+def test_mixed_batch_one_launch_per_layer_equals_plain_greedy(
+    model, prompt, greedy, kv_splits
+) -> None:
     """Two PTD requests and a plain one in every step (one attention launch per layer
     for the whole batch, ``is_tree`` 1/1/0; one compaction launch for all requests),
-    on a block-major buffer whose blocks the requests own interleaved."""
+    on a block-major buffer whose blocks the requests own interleaved; also with each
+    prefix cut into 3 split-KV slices."""
     prompt2, greedy2 = well_separated(model, range(11, 19))
-    runner = PagedBatchRunner(model, 3, PROMPT_LEN + 8 * MAX_NEW + 80, order="BLNHC", seed=5)
+    runner = PagedBatchRunner(
+        model, 3, PROMPT_LEN + 8 * MAX_NEW + 80, order="BLNHC", seed=5, kv_splits=kv_splits
+    )
     outs = generate_batch_paged(
         runner, [prompt, prompt2, prompt], [True, True, False], MAX_NEW, PTDConfig()
     )

@@ -2,7 +2,8 @@
 
 A fresh interpreter with ``import vllm`` blocked (benchmarks/pytest_without_vllm.py's
 finder) imports ``vllm_ptd``, its core and config, and the kernels both ways (installed
-``vllm_ptd.kernels`` when present, the checkout's ``kernels/``); nothing may load vLLM.
+``vllm_ptd.kernels`` when the package is installed, else the checkout's ``kernels/``);
+nothing may load vLLM.
 """
 
 import os
@@ -22,10 +23,16 @@ block_vllm()
 if sys.argv[1] == "checkout":
     drop_editable_install()
 import vllm_ptd, vllm_ptd.config, vllm_ptd.core, vllm_ptd.core.driver
+import importlib.metadata
+try:
+    importlib.metadata.distribution("vllm-ptd")
+    installed = sys.argv[1] != "checkout"
+except importlib.metadata.PackageNotFoundError:
+    installed = False  # a bare checkout (the GPU machine): kernels/ is the top-level package
 try:
     from vllm_ptd import kernels
 except ImportError:
-    assert sys.argv[1] == "checkout", "installed, yet vllm_ptd.kernels does not import"
+    assert not installed, "vllm-ptd is installed, yet vllm_ptd.kernels does not import"
     import kernels
 kernels.tree_attention, kernels.compact_kv, kernels.pack_tree_masks
 loaded = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))

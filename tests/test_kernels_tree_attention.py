@@ -210,7 +210,8 @@ def test_tree_attention_matches_reference_on_random_configs(seed: int) -> None:
         split_kv_view=bool(seed % 2),
     )
     is_tree = (~causal).to(torch.int32).to(DEVICE)
-    run_and_check(batch, parents_list, dtype, is_tree=is_tree)
+    splits = pick([1, 1, 2, 3])  # split-KV too
+    run_and_check(batch, parents_list, dtype, is_tree=is_tree, num_kv_splits=splits)
 
 
 @pytest.mark.parametrize(
@@ -260,6 +261,53 @@ def test_rows_past_the_batch_are_left_untouched() -> None:
         **batch, mask_bits=bits, mask_words=words, scale=0.125, out=padded
     )
     assert not padded[:5].isnan().any() and padded[5:].isnan().all()
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_split_kv_slices_of_the_prefix_merge_to_the_reference(splits: int) -> None:
+    """Split-KV: prefixes cut into slices (some empty: a short or no prefix), trees and
+    causal blocks, several mask words, GQA; the merged output equals the reference."""
+    gen = torch.Generator().manual_seed(40 + splits)
+    q_lens, ctx_lens = [6, 1, 37, 4], [150, 0, 70, 3]
+    parents_list = [random_parents(6, gen), None, random_parents(37, gen), None]
+    batch = make_batch(
+        q_lens, ctx_lens, 4, 2, 64, 16, torch.float32, gen, split_kv_view=True
+    )
+    is_tree = torch.tensor([1, 0, 1, 0], dtype=torch.int32, device=DEVICE)
+    run_and_check(
+        batch, parents_list, torch.float32, is_tree=is_tree, num_kv_splits=splits
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_kv_in_half_precision(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    q_lens, ctx_lens = [9, 16], [200, 33]
+    parents_list = [random_parents(q, gen) for q in q_lens]
+    batch = make_batch(q_lens, ctx_lens, 8, 2, 128, 32, dtype, gen)
+    run_and_check(batch, parents_list, dtype, num_kv_splits=4)
+
+
+def test_split_kv_leaves_rows_past_the_batch_untouched() -> None:
+    gen = torch.Generator().manual_seed(3)
+    batch = make_batch([5], [90], 2, 2, 64, 16, torch.float32, gen)
+    bits, words = kernels.pack_tree_masks([random_parents(5, gen)], device=DEVICE)
+    query = torch.cat([batch.pop("query"), torch.zeros(3, 2, 64, device=DEVICE)])
+    padded = torch.full((8, 2, 64), float("nan"), device=DEVICE)  # 3 padding rows
+    kernels.tree_attention(
+        query, **batch, mask_bits=bits, mask_words=words, scale=0.125, out=padded,
+        max_query_len=5, num_kv_splits=3,
+    )
+    assert not padded[:5].isnan().any() and padded[5:].isnan().all()
+
+
+def test_kv_splits_fill_the_gpu_only_when_the_batch_does_not() -> None:
+    choose = kernels.choose_kv_splits
+    assert choose(programs=8, max_context=32768, sm_count=132) == 32  # batch 1, 8 heads
+    assert choose(programs=8, max_context=8192, sm_count=132) == 16  # slices >= 512
+    assert choose(programs=128, max_context=32768, sm_count=132) == 3
+    assert choose(programs=8, max_context=700, sm_count=132) == 1  # too short to cut
+    assert choose(programs=512, max_context=32768, sm_count=132) == 1  # GPU full
 
 
 @pytest.mark.parametrize(

@@ -157,6 +157,7 @@ class TritonTreeAttentionImpl(TritonAttentionImpl):
             output[:n],
             max_query_len=attn_metadata.max_query_len,
             is_tree=tree.is_tree,
+            max_seq_len=attn_metadata.max_seq_len,
         )
         return output
 
