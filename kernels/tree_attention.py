@@ -294,7 +294,7 @@ _INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
 # Split-KV: programs to aim for per streaming multiprocessor, the shortest prefix slice
 # worth a program of its own, and the most slices (a merge reads all of them).
 _PROGRAMS_PER_SM = 2
-_MIN_SLICE = 512
+_MIN_SLICE = 1024
 _MAX_SPLITS = 32
 
 

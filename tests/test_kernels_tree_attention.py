@@ -304,9 +304,9 @@ def test_split_kv_leaves_rows_past_the_batch_untouched() -> None:
 def test_kv_splits_fill_the_gpu_only_when_the_batch_does_not() -> None:
     choose = kernels.choose_kv_splits
     assert choose(programs=8, max_context=32768, sm_count=132) == 32  # batch 1, 8 heads
-    assert choose(programs=8, max_context=8192, sm_count=132) == 16  # slices >= 512
+    assert choose(programs=8, max_context=8192, sm_count=132) == 8  # slices >= 1024
     assert choose(programs=128, max_context=32768, sm_count=132) == 3
-    assert choose(programs=8, max_context=700, sm_count=132) == 1  # too short to cut
+    assert choose(programs=8, max_context=2047, sm_count=132) == 1  # too short to cut
     assert choose(programs=512, max_context=32768, sm_count=132) == 1  # GPU full
 
 
