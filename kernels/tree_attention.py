@@ -291,9 +291,12 @@ def _merge_splits_kernel(
 _INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
 
 
-# Split-KV: programs to aim for per streaming multiprocessor, the shortest prefix slice
-# worth a program of its own, and the most slices (a merge reads all of them).
+# Split-KV, from timings on an H200 (docs/kernels.md): split only a launch of less than
+# one wave of programs (one per SM) over prefixes of 4096+ tokens, into slices of at
+# least 1024 tokens, aiming for two programs per SM; below that the second launch and
+# the partials cost what the slices save.
 _PROGRAMS_PER_SM = 2
+_MIN_SPLIT_CONTEXT = 4096
 _MIN_SLICE = 1024
 _MAX_SPLITS = 32
 
@@ -313,7 +316,7 @@ def choose_kv_splits(programs: int, max_context: int, sm_count: int) -> int:
     A step with few requests and long prefixes otherwise runs a handful of programs,
     each streaming a whole prefix: at batch 1 and 32k tokens, 8 programs on 132 SMs.
     """
-    if programs >= _PROGRAMS_PER_SM * sm_count:
+    if programs >= sm_count or max_context < _MIN_SPLIT_CONTEXT:
         return 1
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sm_count, programs)
     return max(1, min(_MAX_SPLITS, wanted, max_context // _MIN_SLICE))

@@ -305,9 +305,10 @@ def test_kv_splits_fill_the_gpu_only_when_the_batch_does_not() -> None:
     choose = kernels.choose_kv_splits
     assert choose(programs=8, max_context=32768, sm_count=132) == 32  # batch 1, 8 heads
     assert choose(programs=8, max_context=8192, sm_count=132) == 8  # slices >= 1024
+    assert choose(programs=64, max_context=8192, sm_count=132) == 5  # 2 programs per SM
     assert choose(programs=128, max_context=32768, sm_count=132) == 3
-    assert choose(programs=8, max_context=2047, sm_count=132) == 1  # too short to cut
-    assert choose(programs=512, max_context=32768, sm_count=132) == 1  # GPU full
+    assert choose(programs=8, max_context=4095, sm_count=132) == 1  # too short to cut
+    assert choose(programs=132, max_context=32768, sm_count=132) == 1  # a wave already
 
 
 @pytest.mark.parametrize(
