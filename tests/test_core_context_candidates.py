@@ -269,6 +269,37 @@ def test_a_repeated_answer_in_the_shared_outputs_is_a_long_match() -> None:
     assert n == 2
 
 
+def test_a_repeated_prompt_finds_the_earlier_answer_at_its_first_step() -> None:
+    """With the prompt's tail indexed before each output, a request whose prompt ends the
+    same way matches the earlier answer before generating anything, as a long match."""
+    prompt, answer = list(range(200, 230)), list(range(100, 140))
+    plain = SharedOutputs(max_tokens=1024, max_n=4, max_length=32)
+    plain.add(answer)
+    assert plain.best_path([7] + prompt, 8, 4)[1] == []   # outputs only: nothing to follow
+    led = SharedOutputs(max_tokens=1024, max_n=4, max_length=32)
+    led.add(answer, lead=prompt[-16:])
+    n, tokens, _ = led.best_path([7] + prompt, 8, 4)
+    assert n == 16 and tokens == answer[:8]
+    # another prompt sharing only its last 3 tokens (a chat template's) is a short match
+    n, tokens, _ = led.best_path([1, 2, 3] + prompt[-3:], 8, 4)
+    assert n == 3 and tokens == answer[:8]
+    led.add([], lead=prompt)   # nothing generated: nothing indexed
+    assert led.num_outputs == 1
+
+
+def test_a_finished_request_indexes_its_prompt_tail_before_its_output() -> None:
+    cfg = PTDConfig(draft_shape="chain", shared_prompt_tail=4)
+    shared = SharedOutputs(max_tokens=1024, max_n=4, max_length=32)
+    prompt = [11, 12, 13, 14, 15, 16]
+    state = PTDRequestState(cfg, prompt, frozenset(), shared=shared)
+    state.propose(40, committed=[40])
+    assert state.prompt_tail(4) == [13, 14, 15, 16] and state.prompt_tail(0) == []
+    assert state.prompt_tail(10) == prompt and state.output_tokens() == [40]
+    # what the proposer does when the request finishes (vllm_integration/proposer.forget)
+    shared.add(state.output_tokens(), state.prompt_tail(cfg.shared_prompt_tail))
+    assert shared.best_path([9, 9] + prompt, 8, 4)[:2] == (4, [40])
+
+
 def _tree_signature(state: PTDRequestState) -> list[tuple[int, int, int]]:
     """T's nodes as (token, draft, children): what a step could have changed."""
     return [(n.token, n.draft, len(n.children)) for n in state.tree.nodes()]

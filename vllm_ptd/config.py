@@ -118,6 +118,11 @@ PTD_CONFIG_KEYS: dict[str, ConfigKey] = {
                            "requests from, as suffix decoding's global tree (0: off). Outputs "
                            "are unchanged either way; set 0 where requests' acceptance rates "
                            "must not depend on each other"),
+    "shared_prompt_tail": _int(0, 64,
+                               "shared outputs: the last tokens of each finished request's "
+                               "prompt indexed before its output, so a request whose prompt "
+                               "ends the same way (a repeated question) matches the earlier "
+                               "answer from its first step on (0: outputs only)"),
     "context_depth": _int(1, 64, "tokens taken after each occurrence"),
     "match_length": _int(0, 64,
                          "chains: how far back a match of context_ngram tokens is followed to "
@@ -157,6 +162,7 @@ class PTDConfig:
     context_depth: int = 8
     match_length: int = 32
     shared_outputs: int = 65536
+    shared_prompt_tail: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -237,6 +237,12 @@ class PTDRequestState:
             node.dirty = False
         self.tree.grow(bonus)
 
+    def prompt_tail(self, n: int) -> list[int]:
+        """The last `n` prompt tokens (known through the context index; [] without it)."""
+        if self.context is None or n <= 0:
+            return []
+        return self.context.tokens[max(0, self.prompt_len - n):self.prompt_len]
+
     def output_tokens(self) -> list[int]:
         """The tokens generated so far (known through the context index; [] without it)."""
         return [] if self.context is None else self.context.tokens[self.prompt_len:]

@@ -13,6 +13,11 @@ Bounded without stalls: outputs go into the newer of two indexes; when it holds 
 waits for re-indexing; at most `max_tokens` tokens, ~0.7 KB each, are held). Lookups ask
 the newer index first and fall back to the older one.
 
+A repeated prompt: with config `shared_prompt_tail` > 0 each output is indexed after the
+last tokens of its prompt, so a request whose prompt ends the same way matches the earlier
+answer at its first step, as a long match (the evidence class of a repeated answer), instead
+of finding it only once its own first tokens match.
+
 Kept apart per tenant (`TenantSharedOutputs`): requests draft only from the outputs of
 requests with the same `cache_salt`, vLLM's per-request isolation key for its prefix cache
 (requests without a salt share with each other); the bounds hold over all tenants together.
@@ -52,12 +57,13 @@ class SharedOutputs:
     def __len__(self) -> int:
         return len(self._older) + len(self._newer)
 
-    def add(self, output: Sequence[int]) -> None:
-        """Index one finished output (one longer than half of `max_tokens` keeps its end)."""
-        half = max(self.max_tokens // 2, 2)
-        tokens = [int(t) for t in output][-(half - 1):]
-        if not tokens:
+    def add(self, output: Sequence[int], lead: Sequence[int] = ()) -> None:
+        """Index one finished output, after `lead` (the end of its prompt, so that the same
+        prompt finds it); what is longer than half of `max_tokens` keeps its end."""
+        if not output:
             return
+        half = max(self.max_tokens // 2, 2)
+        tokens = [int(t) for t in (*lead, *output)][-(half - 1):]
         if len(self._newer) + len(tokens) + 1 > half:
             self._older, self._newer = self._newer, self._index()
         self._newer.extend(tokens + [SEPARATOR])
@@ -120,13 +126,14 @@ class TenantSharedOutputs:
         """The index of this salt's outputs, None while it has none."""
         return self._tenants.get(salt)
 
-    def add(self, salt: str | None, output: Sequence[int]) -> None:
-        """Index one finished output of a request with this salt."""
+    def add(self, salt: str | None, output: Sequence[int], lead: Sequence[int] = ()) -> None:
+        """Index one finished output of a request with this salt (after `lead`, as
+        `SharedOutputs.add`)."""
         shared = self._tenants.pop(salt, None)
         if shared is None:
             shared = SharedOutputs(self.max_tokens, self.max_n, self.min_n, self.max_length)
         self._tenants[salt] = shared    # newest
-        shared.add(output)
+        shared.add(output, lead)
         self.num_outputs += 1
         total = len(self)
         while len(self._tenants) > 1 and (total > self.max_tokens
@@ -168,5 +175,5 @@ class TenantView:
                   ) -> tuple[int, list[int], list[int]]:
         return self.outputs.best_path(self.salt, history, max_depth, max_matches)
 
-    def add(self, output: Sequence[int]) -> None:
-        self.outputs.add(self.salt, output)
+    def add(self, output: Sequence[int], lead: Sequence[int] = ()) -> None:
+        self.outputs.add(self.salt, output, lead)

@@ -153,7 +153,9 @@ class PTDProposer:
             return
         state = entry.state
         if finished and state is not None and state.shared is not None:
-            state.shared.add(state.output_tokens())   # its own tenant's outputs
+            # its own tenant's outputs, after the end of its prompt
+            state.shared.add(state.output_tokens(),
+                             state.prompt_tail(state.config.shared_prompt_tail))
         if not finished and entry.blocker is not _UNCHECKED:
             self.requests[req_id] = RequestEntry(blocker=entry.blocker)
 
