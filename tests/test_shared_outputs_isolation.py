@@ -28,6 +28,14 @@ def test_tenants_see_only_their_own_outputs() -> None:
     assert shared.num_outputs == 2 and shared.num_tenants == 2
 
 
+def test_a_repeated_prompt_finds_an_earlier_answer_of_its_own_tenant_only() -> None:
+    shared = TenantSharedOutputs(max_tokens=256, max_n=3, max_length=16)
+    shared.view("alice").add(ANSWER, lead=PROMPT)   # shared_prompt_tail: prompt, then answer
+    assert shared.best_path("alice", [1, *PROMPT], 4, 4)[:2] == (4, ANSWER[:4])
+    assert shared.best_path("bob", [1, *PROMPT], 4, 4) == (0, [], [])
+    assert shared.best_path(None, [1, *PROMPT], 4, 4) == (0, [], [])
+
+
 def test_clearing_forgets_every_tenant_and_running_views_see_nothing() -> None:
     shared = TenantSharedOutputs(max_tokens=256, max_n=3)
     view = shared.view("alice")
