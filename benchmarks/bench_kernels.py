@@ -157,8 +157,10 @@ def run_tree(c: dict, out: torch.Tensor, scale: float, num_kv_splits: int | None
 def kv_splits(c: dict, shape: Shape) -> int:
     """How many prefix slices the kernel picks for this case on this GPU."""
     ta = sys.modules[kernels.__name__ + ".tree_attention"]
-    programs = ta.attention_programs(c["batch"], c["q_len"], shape.q_heads, shape.kv_heads)
-    return ta.choose_kv_splits(programs, c["ctx"] + c["q_len"] - 1, ta.sm_count(c["query"].device))
+    return ta.auto_kv_splits(
+        c["batch"], c["q_len"], shape.q_heads, shape.kv_heads, c["ctx"] + c["q_len"],
+        c["query"].device,
+    )
 
 
 def reference_error(c: dict, out: torch.Tensor, scale: float) -> float:

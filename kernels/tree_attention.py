@@ -301,10 +301,6 @@ _MIN_SLICE = 1024
 _MAX_SPLITS = 32
 
 
-def sm_count(device: torch.device) -> int:
-    return _sm_count(torch.device(device).index or 0)
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -322,11 +318,19 @@ def choose_kv_splits(programs: int, max_context: int, sm_count: int) -> int:
     return max(1, min(_MAX_SPLITS, wanted, max_context // _MIN_SLICE))
 
 
-def attention_programs(num_reqs: int, max_query_len: int, num_q_heads: int, num_kv_heads: int) -> int:
-    """Programs one launch runs without split-KV: requests x query tiles x KV heads."""
-    num_qpk = num_q_heads // num_kv_heads
-    _, block_q, _ = _tile_sizes(num_qpk, max_query_len, 16)
-    return num_reqs * triton.cdiv(max_query_len, block_q) * num_kv_heads
+def auto_kv_splits(
+    num_reqs: int,
+    max_query_len: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    device: torch.device,
+) -> int:
+    """The slice count `tree_attention` picks on a CUDA device when given `max_seq_len`."""
+    _, block_q, _ = _tile_sizes(num_q_heads // num_kv_heads, max_query_len, 16)
+    programs = num_reqs * triton.cdiv(max_query_len, block_q) * num_kv_heads
+    max_context = max_seq_len - 1  # a query block holds at least one token
+    return choose_kv_splits(programs, max_context, _sm_count(torch.device(device).index or 0))
 
 
 def _tile_sizes(num_qpk: int, max_q: int, head_pad: int) -> tuple[int, int, int]:
@@ -428,9 +432,9 @@ def tree_attention(
     if splits is None:
         splits = 1
         if max_seq_len is not None and query.is_cuda:
-            programs = attention_programs(num_reqs, max_query_len, num_q_heads, num_kv_heads)
-            max_context = max_seq_len - 1  # a query block holds at least one token
-            splits = choose_kv_splits(programs, max_context, sm_count(query.device))
+            splits = auto_kv_splits(
+                num_reqs, max_query_len, num_q_heads, num_kv_heads, max_seq_len, query.device
+            )
     if splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {splits}")
     num_tokens = query.shape[0]
