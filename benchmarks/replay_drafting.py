@@ -35,26 +35,21 @@ def generate_traces(path: str, datasets: list[str], prompts: int, offset: int,
     asked after the model's own first answers, as `vllm-ptd bench` asks them), in the order
     the benchmark answers them at batch 1: a conversation's turns one after the other."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from ptd_bench.workloads import load_workload, messages_for  # beside this script
+    from ptd_bench.offline import ask_turns  # beside this script
+    from ptd_bench.workloads import load_workload
     from vllm import SamplingParams
 
     from vllm_ptd.engine_utils import make_llm
 
     llm = make_llm(None, dtype="bfloat16", enforce_eager=True)
-    tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     traces = {}
     for dataset in datasets:
         convs = load_workload(dataset, offset + prompts, split=split).conversations[offset:]
-        answers: list[list[str]] = [[] for _ in convs]
         per_turn: dict[tuple[int, int], dict] = {}
-        for turn in range(max(map(len, convs))):
-            idx = [i for i, conv in enumerate(convs) if turn < len(conv)]
-            texts = [tok.apply_chat_template(messages_for(convs[i], answers[i]),
-                                             tokenize=False, add_generation_prompt=True)
-                     for i in idx]
-            for i, out in zip(idx, llm.generate(texts, params, use_tqdm=False)):
-                answers[i].append(out.outputs[0].text)
+        every_conversation = [list(range(len(convs)))]
+        for turn, idx, outs, _ in ask_turns(llm, convs, every_conversation, lambda i, t: params):
+            for i, out in zip(idx, outs):
                 per_turn[(i, turn)] = {"prompt": list(out.prompt_token_ids),
                                        "output": list(out.outputs[0].token_ids)}
         traces[dataset] = [per_turn[key] for key in sorted(per_turn)]

@@ -161,7 +161,10 @@ def test_row_acceptance_model_learns_each_class_from_the_rows_a_chain_reached() 
     p = model.rates([0, 1, 2])
     assert p[0] == pytest.approx(1.0) and p[1] == pytest.approx(0.25)
     assert p[2] == pytest.approx(0.5)   # reached 24 times (after an accepted row 1), 12 hits
-    assert model.predicted([0, 1, 2]) == pytest.approx([1.0, 0.25, 0.125])
+    # P_k = 1.0, 0.25, 0.125: every row beats a price of 0.1, the first only beats 0.3
+    keep, surplus = model.leading_surplus([0, 1, 2], 0.1)
+    assert keep == 3 and surplus == pytest.approx(0.9 + 0.15 + 0.025)
+    assert model.leading_surplus([0, 1, 2], 0.3) == (1, pytest.approx(0.7))
     # a row after the first rejected one says nothing about its class
     before = model.rates([2])[0]
     model.record([1, 2], 0)

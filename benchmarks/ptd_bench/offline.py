@@ -57,6 +57,26 @@ def _read(llm, method: Method) -> dict | None:
     return None
 
 
+def ask_turns(llm, convs: list, groups, params_for):
+    """Answers conversations group by group, each group's turn t in one `generate` call after
+    its turn t-1 answers (which become part of turn t's chat). Yields (turn, indexes, outputs,
+    seconds in `generate`) per call; params_for(i, turn) gives a request's SamplingParams."""
+    tok = llm.get_tokenizer()
+    answers: list[list[str]] = [[] for _ in convs]
+    for group in groups:
+        for turn in range(max(len(convs[i]) for i in group)):
+            idx = [i for i in group if turn < len(convs[i])]
+            prompts = [tok.apply_chat_template(messages_for(convs[i], answers[i]),
+                                               tokenize=False, add_generation_prompt=True)
+                       for i in idx]
+            start = time.perf_counter()
+            outs = llm.generate(prompts, [params_for(i, turn) for i in idx], use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            for i, out in zip(idx, outs):
+                answers[i].append(out.outputs[0].text)
+            yield turn, idx, outs, elapsed
+
+
 def run_workload(llm, method: Method, workload: Workload, concurrency: int, max_tokens: int,
                  reference: list[list[int]] | None = None, progress: bool = True,
                  sampling: dict | None = None) -> tuple[dict, list[list[int]]]:
@@ -83,7 +103,6 @@ def iter_workload(llm, method: Method, workload: Workload, concurrency: int, max
 
     if cold:
         reset_caches(llm, method)
-    tok = llm.get_tokenizer()
     sampling = dict(sampling or {"temperature": 0.0})
     seed = sampling.pop("seed", None)
 
@@ -92,25 +111,17 @@ def iter_workload(llm, method: Method, workload: Workload, concurrency: int, max
         return SamplingParams(max_tokens=max_tokens, **sampling, **per_request)
 
     convs = workload.conversations
-    answers: list[list[str]] = [[] for _ in convs]
     ids: dict[tuple[int, int], list[int]] = {}
     before, seconds = _read(llm, method), 0.0
     bar = tqdm(total=workload.num_requests, unit="req", leave=False, disable=not progress,
                desc=f"{method.label} | {workload.dataset} | c={concurrency}")
-    for group in chunks(list(range(len(convs))), concurrency):
-        for turn in range(max(len(convs[i]) for i in group)):
-            idx = [i for i in group if turn < len(convs[i])]
-            prompts = [tok.apply_chat_template(messages_for(convs[i], answers[i]),
-                                               tokenize=False, add_generation_prompt=True)
-                       for i in idx]
-            start = time.perf_counter()
-            outs = llm.generate(prompts, [params_for(i, turn) for i in idx], use_tqdm=False)
-            seconds += time.perf_counter() - start
-            for i, out in zip(idx, outs):
-                answers[i].append(out.outputs[0].text)
-                ids[(i, turn)] = list(out.outputs[0].token_ids)
-            bar.update(len(idx))
-            yield None
+    groups = chunks(list(range(len(convs))), concurrency)
+    for turn, idx, outs, elapsed in ask_turns(llm, convs, groups, params_for):
+        seconds += elapsed
+        for i, out in zip(idx, outs):
+            ids[(i, turn)] = list(out.outputs[0].token_ids)
+        bar.update(len(idx))
+        yield None
     bar.close()
     outputs = [ids[(i, t)] for i in range(len(convs)) for t in range(len(convs[i]))]
     tokens = sum(map(len, outputs))

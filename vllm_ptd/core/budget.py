@@ -160,10 +160,6 @@ class RowAcceptanceModel:
         """p of each class (acceptance given the rows before were accepted)."""
         return np.array([self._hit[c] / self._seen[c] for c in classes], dtype=np.float64)
 
-    def predicted(self, classes) -> np.ndarray:
-        """P_k for a chain whose rows have these classes."""
-        return np.cumprod(self.rates(classes))
-
     def leading_surplus(self, classes, row_price: float) -> tuple[int, float]:
         """(keep, surplus): how many leading rows have P_k above `row_price` (P_k only
         falls with k) and the sum of their P_k - row_price."""
