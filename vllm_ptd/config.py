@@ -162,7 +162,7 @@ class PTDConfig:
     context_depth: int = 8
     match_length: int = 32
     shared_outputs: int = 65536
-    shared_prompt_tail: int = 0
+    shared_prompt_tail: int = 32
     seed: int = 0
 
     def __post_init__(self) -> None:
