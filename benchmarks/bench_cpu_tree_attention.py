@@ -1,10 +1,13 @@
 """Time one layer of CPU tree attention: gathering the context from the paged KV cache against
-attending through the request's KV mirror (steady state: one accepted node to refresh).
+attending through the request's KV mirror (steady state: one accepted node to refresh), and
+vLLM's own CPU extend kernel (`torch.ops._C.extend_attention_cpu`, SGLang's, with its
+`tree_mask`) reading the same mirror in place of the mirror path's SDPA call.
 
     python benchmarks/bench_cpu_tree_attention.py --rows 13 16 25 --context 300 1000
 
-Both paths run on the same cache (packed by vLLM's own CPU writer, bf16), one thread like
-vLLM's CPU worker; they are timed alternately, so the ratio is robust to a noisy machine.
+All paths run on the same cache (packed by vLLM's own CPU writer, bf16), one thread like
+vLLM's CPU worker; they are timed alternately, so the ratios are robust to a noisy machine.
+The extend kernel's output is checked against the mirror path's before timing.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ def _layout(n: int, rng: np.random.Generator):
     return TreeLayout(np.arange(n, dtype=np.int64), parents, depths, n - 1)
 
 
-def time_layer(rows: int, context: int, iters: int, dtype=torch.bfloat16) -> tuple[float, float]:
-    """(gather µs, mirror µs) per layer for a `rows`-row tree after `context` tokens."""
+def time_layer(rows: int, context: int, iters: int,
+               dtype=torch.bfloat16) -> tuple[float, float, float]:
+    """(gather, mirror, extend) µs per layer for a `rows`-row tree after `context` tokens."""
     from types import SimpleNamespace
 
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
@@ -70,13 +74,36 @@ def time_layer(rows: int, context: int, iters: int, dtype=torch.bfloat16) -> tup
         blk.mirror.valid["l"] = min(blk.mirror.valid.get("l", 0), context - 1)  # one to refresh
         mirrored_attention("l", blk, query, key, value, cache, output, mirrored.layout, scale)
 
-    spent = [0.0, 0.0]
+    # vLLM's extend kernel over the mirror the mirror path keeps: the prefix from the buffer
+    # (token-major view, strided), the tree rows from this layer's own K/V, the tree mask.
+    mirror()
+    blk = mirrored.mirrored[0]
+    buf = blk.mirror.buffer("l", KV_HEADS, HEAD_SIZE, dtype)
+    heads = KV_HEADS * GROUP
+    q3 = query.view(rows, heads, HEAD_SIZE)
+    k3, v3 = key.view(rows, KV_HEADS, HEAD_SIZE), value.view(rows, KV_HEADS, HEAD_SIZE)
+    out3 = torch.empty_like(q3)
+    to_token = torch.arange(length, dtype=torch.int32)[None]
+    zero64, zero32 = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
+    seq_lens, rows_t = torch.tensor([length]), torch.tensor([rows], dtype=torch.int32)
+    tree_mask = mask.reshape(-1).contiguous()
+
+    def extend():
+        torch.ops._C.extend_attention_cpu(
+            q3, k3, v3, out3, buf[0].transpose(0, 1), buf[1].transpose(0, 1), to_token,
+            zero64, seq_lens, rows_t, zero32, rows, scale, 0.0, False, 0, None, None,
+            tree_mask)
+
+    extend()
+    torch.testing.assert_close(out3.float(), output.view_as(out3).float(), atol=2e-2, rtol=2e-2)
+
+    spent = [0.0, 0.0, 0.0]
     for _ in range(iters):
-        for k, f in enumerate((gather, mirror)):
+        for k, f in enumerate((gather, mirror, extend)):
             start = time.perf_counter()
             f()
             spent[k] += time.perf_counter() - start
-    return spent[0] / iters * 1e6, spent[1] / iters * 1e6
+    return tuple(t / iters * 1e6 for t in spent)
 
 
 def main() -> None:
@@ -86,13 +113,15 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| tree rows | context | gather µs/layer | mirror µs/layer | ratio |")
-    print("|---|---|---|---|---|")
+    print("| tree rows | context | gather µs/layer | mirror µs/layer | extend on the mirror "
+          "µs/layer | gather / mirror | extend / mirror |")
+    print("|---|---|---|---|---|---|---|")
     for context in args.context:
         for rows in args.rows:
             time_layer(rows, context, 20)   # warm-up
-            gather, mirror = time_layer(rows, context, args.iters)
-            print(f"| {rows} | {context} | {gather:.0f} | {mirror:.0f} | {gather / mirror:.2f}x |")
+            gather, mirror, extend = time_layer(rows, context, args.iters)
+            print(f"| {rows} | {context} | {gather:.0f} | {mirror:.0f} | {extend:.0f} | "
+                  f"{gather / mirror:.2f}x | {extend / mirror:.2f}x |")
 
 
 if __name__ == "__main__":
