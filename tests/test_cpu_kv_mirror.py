@@ -16,6 +16,7 @@ import torch
 from tree_attention_reference import dense_tree_attention, random_layout
 
 from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, TreeBlock
+from vllm_ptd.vllm_integration import cpu_kv_mirror
 from vllm_ptd.vllm_integration import cpu_tree_attention as cta
 from vllm_ptd.vllm_integration.cpu_kv_layout import write_kv
 from vllm_ptd.vllm_integration.cpu_kv_mirror import KVMirrorStore, mirrored_attention
@@ -51,14 +52,34 @@ class Request:
         return new
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def _cpu_has(*flags: str) -> bool:
+    """Whether the CPU reports any of these feature flags (Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            present = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return False
+    return any(flag in present for flag in flags)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("limit_bytes", [None, 1])   # 1: no room, every block gathers
 # fused: query, key and value are views of one qkv projection output, as vLLM's decoder
 # layers pass them (the mirror then writes K and V rows in one copy); else separate tensors.
 @pytest.mark.parametrize("fused", [False, True])
-def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit_bytes, fused):
+def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit_bytes, fused,
+                                                       monkeypatch):
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    # Half-precision blocks with their own K/V run vLLM's extend kernel where the CPU
+    # supports their dtype (fp16 needs AMX-FP16; refused, SDPA serves): count what it served.
+    kernel_calls = []
+    through_kernel = cpu_kv_mirror._extend_attention
+    monkeypatch.setattr(cpu_kv_mirror, "_extend_attention",
+                        lambda *a, **k: kernel_calls.append(through_kernel(*a, **k))
+                        or kernel_calls[-1])
+    monkeypatch.setattr(cpu_kv_mirror, "_EXTEND_KERNEL_REFUSED", set())
 
     gen = torch.Generator().manual_seed(block_size)
     rng = np.random.default_rng(block_size)
@@ -126,8 +147,17 @@ def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit
             assert torch.isnan(output[:start]).all()   # other rows untouched
 
     if limit_bytes is not None:
-        assert len(store) == 0
+        assert len(store) == 0 and not kernel_calls
         return
+    # every block with its own K/V (all but one layer of one step) in bf16, none in float32;
+    # fp16 one refused call then SDPA, or all served
+    served = sum(kernel_calls)
+    if dtype == torch.float32:
+        assert not kernel_calls
+    elif (dtype == torch.bfloat16 and _cpu_has("avx512_bf16", "amx_bf16")) or served:
+        assert served == len(kernel_calls) == 9 * len(LAYERS) - 1
+    else:
+        assert kernel_calls == [False]
     mirror = store.mirrors["req"]
     assert mirror.capacity >= prefix + 1 and set(mirror.buffers) == set(LAYERS)
     for name in LAYERS:

@@ -26,11 +26,14 @@ limit; such requests use the gathering path, which needs no extra memory.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout, flat_kv_index
+
+logger = logging.getLogger("vllm.ptd")
 
 # Limit on the capacity reserved by all mirrors of one worker together.
 DEFAULT_LIMIT_BYTES = 512 << 20
@@ -116,6 +119,8 @@ class MirroredBlock:
     bias: torch.Tensor     # [1, 1, group * size, length], KV dtype: 0 visible, -inf hidden
     # flat element indices of positions [valid, end) in a layer's cache, per (valid, end)
     refresh: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # the extend kernel's per-step arguments, built by the first layer that uses it
+    extend_args: tuple | None = None
 
 
 def block_bias(mask: torch.Tensor, prefix: int, group: int, dtype: torch.dtype,
@@ -186,6 +191,9 @@ def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
             buf[0, :, prefix:length] = key[start: start + n].transpose(0, 1)
             buf[1, :, prefix:length] = value[start: start + n].transpose(0, 1)
     blk.mirror.valid[layer] = prefix + 1
+    if key is not None and _extend_kernel_serves(query, buf, output) and _extend_attention(
+            blk, query, key, value, buf, output, group * num_kv_heads, head_size, scale):
+        return
     q = query.view(-1, num_kv_heads, group, head_size)[start: start + n]
     q = q.permute(1, 2, 0, 3).reshape(1, num_kv_heads, group * n, head_size)
     if q.dtype != buf.dtype:
@@ -195,3 +203,70 @@ def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
         scale=scale)  # [1, H, g*n, hs]
     output.view(-1, num_kv_heads, group, head_size)[start: start + n].copy_(
         out.view(num_kv_heads, group, n, head_size).permute(2, 0, 1, 3))
+
+
+def _extend_kernel_serves(query: torch.Tensor, buf: torch.Tensor, output: torch.Tensor) -> bool:
+    """vLLM's CPU extend kernel (SGLang's `extend_attention_cpu`, with a tree mask) runs
+    half-precision blocks: 0.5-0.86x the SDPA call's time per layer
+    (benchmarks/bench_cpu_tree_attention.py). Float32 keeps SDPA."""
+    return (buf.dtype in (torch.bfloat16, torch.float16) and query.dtype == buf.dtype
+            and output.dtype == buf.dtype and buf.dtype not in _EXTEND_KERNEL_REFUSED
+            and _has_extend_kernel())
+
+
+def _has_extend_kernel() -> bool:
+    """The op exists with the arguments this module passes (vLLM 0.32's CPU build); any
+    other signature keeps SDPA rather than guessing at a changed kernel."""
+    global _EXTEND_KERNEL
+    if _EXTEND_KERNEL is None:
+        try:
+            schema = str(torch.ops._C.extend_attention_cpu.default._schema)
+        except (AttributeError, RuntimeError):
+            schema = None
+        _EXTEND_KERNEL = schema == EXTEND_KERNEL_SCHEMA
+    return _EXTEND_KERNEL
+
+
+EXTEND_KERNEL_SCHEMA = (
+    "_C::extend_attention_cpu(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, "
+    "Tensor(a!) o_extend, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token, "
+    "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens, "
+    "Tensor extend_start_loc, int max_len_extend, float sm_scale, float logit_cap, "
+    "bool is_cross_attn, int sliding_window_size, Tensor? encoder_lens, Tensor? sinks, "
+    "Tensor? tree_mask=None) -> ()")
+_EXTEND_KERNEL: bool | None = None
+# dtypes the kernel refused on this CPU (fp16 needs AMX-FP16): SDPA serves them from then on
+_EXTEND_KERNEL_REFUSED: set[torch.dtype] = set()
+
+
+def _extend_attention(blk: MirroredBlock, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, buf: torch.Tensor, output: torch.Tensor,
+                      num_heads: int, head_size: int, scale: float) -> bool:
+    """The block's rows through the extend kernel: the committed prefix read from the mirror
+    (a token-major strided view), the tree rows from this layer's own K/V, the tree mask
+    over the block. Writes the block's output rows in place; False when the kernel refuses
+    the dtype on this CPU (it checks the CPU's features before computing anything)."""
+    n, start, num_kv_heads = blk.size, blk.start, buf.shape[1]
+    if blk.extend_args is None:
+        own = blk.bias[0, 0, :n, blk.prefix:blk.length] == 0   # the tree mask, row sees column
+        blk.extend_args = (torch.arange(blk.length, dtype=torch.int32)[None],
+                           torch.zeros(1, dtype=torch.int64),
+                           torch.tensor([blk.length], dtype=torch.int64),
+                           torch.tensor([n], dtype=torch.int32),
+                           torch.zeros(1, dtype=torch.int32),
+                           own.reshape(-1).contiguous())
+    to_token, pool_index, seq_lens, rows, first, tree_mask = blk.extend_args
+    q = query.view(-1, num_heads, head_size)[start: start + n]
+    k = key.view(-1, num_kv_heads, head_size)[start: start + n]
+    v = value.view(-1, num_kv_heads, head_size)[start: start + n]
+    out = output.view(-1, num_heads, head_size)[start: start + n]
+    try:
+        torch.ops._C.extend_attention_cpu(
+            q, k, v, out, buf[0].transpose(0, 1), buf[1].transpose(0, 1), to_token,
+            pool_index, seq_lens, rows, first, n, scale, 0.0, False, 0, None, None, tree_mask)
+    except RuntimeError as err:
+        _EXTEND_KERNEL_REFUSED.add(buf.dtype)
+        logger.warning("PTD: vLLM's CPU extend kernel refuses %s here (%s); tree rows use "
+                       "PyTorch SDPA instead", buf.dtype, err)
+        return False
+    return True

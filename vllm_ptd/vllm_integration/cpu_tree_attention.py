@@ -22,8 +22,10 @@ ever holds the model's K/V).
 Steps with few tree blocks (at most MIRROR_MAX_BLOCKS) skip the gather: each block attends
 through its request's unpacked mirror of the cache (cpu_kv_mirror), which only needs the few
 positions committed since the last step: 0.28 -> 0.14 ms per layer for a 16-row tree over
-300 tokens, 0.71 -> 0.32 ms over 1000 (benchmarks/bench_cpu_tree_attention.py). With many
-blocks one padded SDPA call for all beats one call per block, so those steps gather.
+300 tokens, 0.71 -> 0.32 ms over 1000 (benchmarks/bench_cpu_tree_attention.py); in bf16 and
+fp16 a mirrored block runs vLLM's CPU extend kernel over the mirror, about half SDPA's time
+again. With many blocks one padded SDPA call for all beats one call per block, so those
+steps gather.
 """
 
 from __future__ import annotations
