@@ -73,8 +73,13 @@ def _accepted(chain: list[int], output: list[int], pos: int) -> int:
     return k
 
 
-def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
-    """Chains (the CPU defaults, then `overrides`) over every output of one set in turn."""
+def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
+               headroom: dict | None = None) -> dict:
+    """Chains (the CPU defaults, then `overrides`) over every output of one set in turn.
+
+    headroom: if given, summed per step (see `HEADROOM`): the rows accepted of the chain
+    that ran, of the chosen chain uncut, of each candidate chain uncut (the own context's,
+    the shared outputs'), and of the better of the two (an oracle no drafter has)."""
     from vllm_ptd.config import CHAIN, CPU_DEFAULTS, PTDConfig
     from vllm_ptd.core.budget import BudgetPolicy
     from vllm_ptd.core.request_state import PTDRequestState
@@ -105,6 +110,8 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
             layout = state.propose(x, cfg.max_nodes, committed=committed, chain_policy=policy)
             rows = len(layout) - 1
             acc = _accepted(layout.tokens[1:].tolist(), output, pos)
+            if headroom is not None:
+                _add_headroom(headroom, state, x, cfg, policy, output, pos, acc)
             committed = output[pos:pos + acc + 1]
             if rows:
                 ran = layout.truncate(acc + 1)   # argmax is known up to the first rejection
@@ -123,6 +130,26 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost) -> dict:
         if shared is not None:
             shared.add(state.output_tokens())
     return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
+
+
+HEADROOM = ("ran", "chosen, uncut", "own context", "shared outputs", "better of the two")
+
+
+def _add_headroom(sums: dict, state, x: int, cfg, policy, output: list[int], pos: int,
+                  ran: int) -> None:
+    from vllm_ptd.core.chain import candidate_chains, choose_chain
+
+    trie = state.pool.tries.get(x)
+    own, other, ngrams = candidate_chains(state.context, None if trie is None else trie.root,
+                                          cfg.max_nodes, cfg.context_depth,
+                                          cfg.context_matches, state.shared)
+    chosen = choose_chain(own, other, ngrams, None if policy is None else policy.chain_value)
+    own_acc = _accepted(own[0], output, pos)
+    other_acc = 0 if other is None else _accepted(other[0], output, pos)
+    for key, accepted in zip(HEADROOM, (ran, _accepted(chosen[0], output, pos), own_acc,
+                                        other_acc, max(own_acc, other_acc))):
+        sums[key] = sums.get(key, 0) + accepted
+    sums["steps"] = sums.get("steps", 0) + 1
 
 
 def replay_suffix(traces: list[dict], cost: StepCost, cached: bool = True) -> dict:
@@ -170,6 +197,9 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=0, help="questions skipped first")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ptd", nargs="+", default=["default={}"], metavar="LABEL=JSON")
+    parser.add_argument("--headroom", action="store_true",
+                        help="also: rows accepted per step of the chain that ran, of the "
+                        "candidates uncut, and of the better candidate (first --ptd config)")
     parser.add_argument("--step-ms", type=float, nargs=3, default=DEFAULT_STEP_MS,
                         metavar=("PLAIN", "PER_TOKEN", "PER_DRAFTING_REQUEST"))
     args = parser.parse_args()
@@ -193,6 +223,16 @@ def main() -> None:
         cells = [f"{r['rate'] / plain_rate:.2f}x (DE {r['DE']:.2f}, {r['rows']:.1f} rows)"
                  for r in results]
         print(f"| {dataset} | " + " | ".join(cells) + " |", flush=True)
+    if args.headroom:
+        label, overrides = configs[0]
+        print(f"\nRows accepted per step, {label} (every decode step):\n")
+        print("| set | " + " | ".join(HEADROOM) + " |")
+        print("|---|" + "---|" * len(HEADROOM))
+        for dataset, set_traces in traces.items():
+            sums: dict = {}
+            replay_ptd(set_traces, overrides, cost, headroom=sums)
+            print(f"| {dataset} | " + " | ".join(f"{sums.get(key, 0) / sums['steps']:.3f}"
+                                                  for key in HEADROOM) + " |", flush=True)
 
 
 if __name__ == "__main__":

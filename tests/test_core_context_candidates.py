@@ -180,6 +180,7 @@ def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each
         NUM_CLASSES,
         POOL,
         SHARED,
+        candidate_chains,
         chain_rows,
         match_source,
         row_class,
@@ -212,6 +213,10 @@ def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each
     assert tokens == [9, 9]
     assert classes[0] == row_class(match_source(SHARED, 1, False), 3, 1)
     assert rows_from_shared(classes) == 2
+    # both candidates, as the offline replay's headroom report reads them
+    own, other, ngrams = candidate_chains(idx, pool_root, 8, 2, 4, shared)
+    assert (own[0], other[0], ngrams) == ([4, 5, 8], [9, 9], (2, 3))
+    assert candidate_chains(idx, pool_root, 8, 2, 4)[1] is None
     # with a value (the policy's predicted surplus), the chain worth more wins either way
     assert chain_rows(idx, pool_root, 8, 2, 4, shared, value=len)[0] == [4, 5, 8]
     assert chain_rows(idx, pool_root, 8, 2, 4, shared, value=lambda c: -len(c))[0] == [9, 9]

@@ -74,19 +74,39 @@ def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
     the chain worth more by `value` (a function of the classes; default: the longer
     matched n-gram, the own context on ties) is drafted.
     """
+    return choose_chain(*candidate_chains(context, pool_root, limit, context_depth,
+                                          context_matches, shared), value)
+
+
+def choose_chain(own: tuple[list[int], list[int]], other: tuple[list[int], list[int]] | None,
+                 ngrams: tuple[int, int], value: Callable[[list[int]], float] | None = None
+                 ) -> tuple[list[int], list[int]]:
+    """The one of `candidate_chains`'s results that `chain_rows` drafts."""
+    if other is None:
+        return own
+    if value is None:
+        return other if ngrams[1] > ngrams[0] else own
+    return other if value(other[1]) > value(own[1]) else own
+
+
+def candidate_chains(context: ContextIndex | None, pool_root: dict | None, limit: int,
+                     context_depth: int, context_matches: int,
+                     shared: SharedOutputs | None = None
+                     ) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]] | None,
+                                tuple[int, int]]:
+    """The chains `chain_rows` chooses between: (own, other, (n, shared n)). own: from the
+    request's context (the pool alone without one), other: from the shared outputs, None
+    when they match nothing; n: each one's matched n-gram length."""
     if context is None or limit <= 0:
-        return _follow(None, 0, [], [], pool_root, limit)
+        return _follow(None, 0, [], [], pool_root, limit), None, (0, 0)
     ngram, path, agree = context.best_path(context_depth, context_matches)
     own = _follow(CONTEXT, ngram, path, agree, pool_root, limit)
     if shared is None:
-        return own
+        return own, None, (ngram, 0)
     s_ngram, s_path, s_agree = shared.best_path(context.tokens, context_depth, context_matches)
     if not s_path:
-        return own
-    other = _follow(SHARED, s_ngram, s_path, s_agree, pool_root, limit)
-    if value is None:
-        return other if s_ngram > ngram else own
-    return other if value(other[1]) > value(own[1]) else own
+        return own, None, (ngram, 0)
+    return own, _follow(SHARED, s_ngram, s_path, s_agree, pool_root, limit), (ngram, s_ngram)
 
 
 def _follow(origin: int | None, ngram: int, path: list[int], agree: list[int],
