@@ -208,6 +208,30 @@ def test_chain_policy_keeps_sure_rows_and_drops_chains_that_do_not_pay() -> None
     assert policy.chain_length([]) == 0
 
 
+def test_a_barely_observed_class_after_the_cut_is_probed_until_it_is_learned() -> None:
+    """Under a busy batch's row price a class priced out by its prior or one early rejection
+    would never run again; the row after the cut runs while its class is barely observed."""
+    policy = _chain_policy(row_ms=1.5, chain_ms=0.5)
+    sure, deep, bad = 0, 1, 2
+    for _ in range(200):
+        policy.rows_model.record([sure] * 8, 8)
+        policy.rows_model.record([sure, bad], 1)      # well observed: always rejected
+    for _ in range(2):
+        policy.rows_model.record([sure, deep], 1)     # two early rejections
+    policy.choose(16, 16)
+    p_deep = policy.rows_model.rates([deep])[0]
+    assert 0 < p_deep < policy.row_price < 1
+    chain = [sure, sure, deep, deep, deep]
+    assert policy.chain_length(chain) == 3            # two sure rows, one probe
+    assert policy.chain_value(chain) == policy.chain_value([sure, sure])   # probe not valued
+    assert policy.chain_length([sure, sure, bad, bad]) == 2   # observed enough: no probe
+    for _ in range(30):                               # deep rows are in fact always accepted
+        rows = policy.chain_length(chain)
+        policy.rows_model.record(chain[:rows], rows)
+    assert not policy.rows_model.needs_probe(deep)
+    assert policy.chain_length(chain) == 5            # now on their merit
+
+
 def test_chain_prices_grow_with_the_batch_until_no_chain_pays() -> None:
     policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
     for _ in range(200):
