@@ -128,7 +128,8 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
             rows_total += rows
             seconds += cost.seconds(rows)
         if shared is not None:
-            shared.add(state.output_tokens())
+            # as the proposer does: the prompt's tail first, so a repeated prompt matches
+            shared.add(state.output_tokens(), state.prompt_tail(cfg.shared_prompt_tail))
     return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
 
 
