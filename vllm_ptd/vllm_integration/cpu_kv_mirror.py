@@ -207,24 +207,39 @@ def mirrored_attention(layer: str, blk: MirroredBlock, query: torch.Tensor,
 
 def _extend_kernel_serves(query: torch.Tensor, buf: torch.Tensor, output: torch.Tensor) -> bool:
     """vLLM's CPU extend kernel (SGLang's `extend_attention_cpu`, with a tree mask) runs
-    half-precision blocks: 0.5-0.86x the SDPA call's time per layer
-    (benchmarks/bench_cpu_tree_attention.py). Float32 keeps SDPA."""
-    return (buf.dtype in (torch.bfloat16, torch.float16) and query.dtype == buf.dtype
+    bf16 blocks: 0.5-0.86x the SDPA call's time per layer
+    (benchmarks/bench_cpu_tree_attention.py). Only bf16, and only on CPUs with bf16 dot
+    products, where its results are checked (tests/test_cpu_kv_mirror.py): on a CPU with
+    AVX512-FP16 but not AMX-FP16 it ran fp16 without complaint and returned wrong rows.
+    Float32 and fp16 keep SDPA."""
+    return (buf.dtype == torch.bfloat16 and query.dtype == buf.dtype
             and output.dtype == buf.dtype and buf.dtype not in _EXTEND_KERNEL_REFUSED
             and _has_extend_kernel())
 
 
 def _has_extend_kernel() -> bool:
-    """The op exists with the arguments this module passes (vLLM 0.32's CPU build); any
-    other signature keeps SDPA rather than guessing at a changed kernel."""
+    """The op exists with the arguments this module passes (vLLM 0.32's CPU build; any
+    other signature keeps SDPA rather than guessing at a changed kernel) and the CPU has
+    bf16 dot products (AVX512-BF16 or AMX-BF16)."""
     global _EXTEND_KERNEL
     if _EXTEND_KERNEL is None:
         try:
             schema = str(torch.ops._C.extend_attention_cpu.default._schema)
         except (AttributeError, RuntimeError):
             schema = None
-        _EXTEND_KERNEL = schema == EXTEND_KERNEL_SCHEMA
+        _EXTEND_KERNEL = (schema == EXTEND_KERNEL_SCHEMA
+                          and cpu_has_any_flag("avx512_bf16", "amx_bf16"))
     return _EXTEND_KERNEL
+
+
+def cpu_has_any_flag(*flags: str) -> bool:
+    """Whether the CPU reports any of these feature flags (/proc/cpuinfo; False elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            present = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return False
+    return any(flag in present for flag in flags)
 
 
 EXTEND_KERNEL_SCHEMA = (
@@ -235,7 +250,7 @@ EXTEND_KERNEL_SCHEMA = (
     "bool is_cross_attn, int sliding_window_size, Tensor? encoder_lens, Tensor? sinks, "
     "Tensor? tree_mask=None) -> ()")
 _EXTEND_KERNEL: bool | None = None
-# dtypes the kernel refused on this CPU (fp16 needs AMX-FP16): SDPA serves them from then on
+# dtypes the kernel refused on this CPU: SDPA serves them from then on
 _EXTEND_KERNEL_REFUSED: set[torch.dtype] = set()
 
 
