@@ -232,28 +232,6 @@ def test_a_barely_observed_class_after_the_cut_is_probed_until_it_is_learned() -
     assert policy.chain_length(chain) == 5            # now on their merit
 
 
-def test_a_long_match_runs_long_under_load_before_its_class_is_observed() -> None:
-    """A repeated prompt's first chain after a busy spell of first answers: rows after
-    12-31-token matches were often rejected; rows after a LONG_MATCH-token match start from
-    LONG_MATCH_PRIOR and run long at a busy batch's row price, as they would at batch 1."""
-    from vllm_ptd.core.budget import LONG_MATCH_PRIOR
-    from vllm_ptd.core.chain import LONG_MATCH, SHARED, match_source, row_class
-
-    policy = _chain_policy(row_ms=1.5, chain_ms=0.5)
-    source = match_source(SHARED, 1, False)
-    medium = [row_class(source, 20, d) for d in range(1, 16)]
-    long = [row_class(source, LONG_MATCH, d) for d in range(1, 16)]
-    for _ in range(200):
-        policy.rows_model.record(medium[:3], 1)   # first answers' medium matches: 1 in 3 rows
-    policy.choose(16, 16)
-    assert 0.05 < policy.row_price < 0.5
-    assert policy.chain_length(medium) <= 2
-    assert policy.rows_model.rates(long[:1])[0] == LONG_MATCH_PRIOR
-    # P_k = 0.9^k stays above the price for several rows (probing adds one at most)
-    expected = max(k for k in range(1, 16) if LONG_MATCH_PRIOR ** k > policy.row_price)
-    assert policy.chain_length(long) >= expected >= 6
-
-
 def test_chain_prices_grow_with_the_batch_until_no_chain_pays() -> None:
     policy = _chain_policy(row_ms=0.5, chain_ms=2.0)
     for _ in range(200):

@@ -74,16 +74,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vllm_ptd.config import CHAIN, TREE
-from vllm_ptd.core.chain import LONG_MATCH_CLASSES, NUM_CLASSES
+from vllm_ptd.core.chain import NUM_CLASSES
 from vllm_ptd.core.step_cost import StepCostModel
-
-# p before observation of a row after a match of chain.LONG_MATCH tokens (a repeated prompt's
-# earlier answer, a repeated passage): such rows are nearly always accepted, and under load
-# a class starting at the neutral prior is priced out of deep rows and learns them only
-# through probes, one row a chain (offline replay, benchmarks/results/replay_long_match:
-# repeated answers' tokens per step at 16-32 requests 5-9 -> 7.5-10 with this prior,
-# 2.6-10 with the neutral one; chosen on the `tune` half, 0.8-0.95 alike).
-LONG_MATCH_PRIOR = 0.9
 
 
 def budget_sizes(max_nodes: int) -> list[int]:
@@ -154,8 +146,6 @@ class RowAcceptanceModel:
     num_classes: int
     prior: float = 0.5          # p of a class before it is observed
     prior_weight: float = 2.0   # the prior's weight, in observations
-    # classes whose p before observation is not `prior` (see `LONG_MATCH_PRIOR`)
-    class_priors: dict[int, float] = field(default_factory=dict)
     decay: float = 0.998
     # A class seen fewer times than this (prior included) is probed: see `needs_probe`.
     probe_below: float = 8.0
@@ -165,8 +155,7 @@ class RowAcceptanceModel:
     _seen: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._hit = [self.class_priors.get(cls, self.prior) * self.prior_weight
-                     for cls in range(self.num_classes)]
+        self._hit = [self.prior * self.prior_weight] * self.num_classes
         self._seen = [self.prior_weight] * self.num_classes
 
     def rates(self, classes) -> np.ndarray:
@@ -265,8 +254,7 @@ class BudgetPolicy:
     row_price: float = 0.0
     chain_price: float = 0.0
     rows_model: RowAcceptanceModel = field(
-        default_factory=lambda: RowAcceptanceModel(
-            NUM_CLASSES, class_priors=dict.fromkeys(LONG_MATCH_CLASSES, LONG_MATCH_PRIOR)))
+        default_factory=lambda: RowAcceptanceModel(NUM_CLASSES))
     usage: ChainUsage = field(default_factory=ChainUsage)
 
     def __post_init__(self) -> None:

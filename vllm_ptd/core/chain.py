@@ -24,16 +24,10 @@ from vllm_ptd.core.shared_outputs import SharedOutputs
 POOL = 0
 CONTEXT, SHARED = 1, 5   # + 2 * (several occurrences agree) + (the pool agrees)
 NUM_SOURCES = 9
-# match length -> bucket: 1, 2, 3-4, 5-11, 12-31 and 32 or longer (the last three only when a
-# match of context_ngram tokens is followed further back, config match_length). A match of
-# LONG_MATCH tokens is a bucket of its own: a repeated prompt (its tail indexed before the
-# earlier answer, config shared_prompt_tail) or a repeated passage matches that long, and
-# its rows are nearly always accepted, where 12-31-token matches of first answers often
-# are not; in one bucket the latter priced the former out under load.
+# match length -> bucket: 1, 2, 3-4, 5-11 and 12 or longer (the last two only when a match of
+# context_ngram tokens is followed further back, config match_length)
 NGRAM_BUCKETS = (0, 1, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4)
-LONG_MATCH = 32
-NUM_NGRAM_BUCKETS = 7
-LONG_MATCH_BUCKET = NUM_NGRAM_BUCKETS - 1
+NUM_NGRAM_BUCKETS = 6
 MAX_DEPTH_BUCKET = 4     # rows 4 deep or deeper share a class
 NUM_CLASSES = NUM_SOURCES * NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
 
@@ -50,9 +44,7 @@ def rows_from_shared(classes) -> int:
 
 
 def ngram_bucket(ngram: int) -> int:
-    if ngram < len(NGRAM_BUCKETS):
-        return NGRAM_BUCKETS[ngram]
-    return LONG_MATCH_BUCKET if ngram >= LONG_MATCH else LONG_MATCH_BUCKET - 1
+    return NGRAM_BUCKETS[ngram] if ngram < len(NGRAM_BUCKETS) else NUM_NGRAM_BUCKETS - 1
 
 
 def row_class(source: int, ngram: int, depth: int) -> int:
@@ -67,9 +59,6 @@ _CLASSES = [[[(source * NUM_NGRAM_BUCKETS + bucket) * MAX_DEPTH_BUCKET + depth
               for depth in range(MAX_DEPTH_BUCKET)]
              for bucket in range(NUM_NGRAM_BUCKETS)]
             for source in range(NUM_SOURCES)]
-# the classes of rows that follow a match of LONG_MATCH tokens or more
-LONG_MATCH_CLASSES = frozenset(cls for source in range(NUM_SOURCES) if source != POOL
-                               for cls in _CLASSES[source][LONG_MATCH_BUCKET])
 
 
 def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
