@@ -20,6 +20,7 @@ from vllm_ptd.vllm_integration import cpu_kv_mirror
 from vllm_ptd.vllm_integration import cpu_tree_attention as cta
 from vllm_ptd.vllm_integration.cpu_kv_layout import write_kv
 from vllm_ptd.vllm_integration.cpu_kv_mirror import (
+    EXTEND_KERNEL_CPU_FLAGS,
     KVMirrorStore,
     cpu_has_any_flag,
     mirrored_attention,
@@ -73,7 +74,7 @@ def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit
     monkeypatch.setattr(cpu_kv_mirror, "_extend_attention",
                         lambda *a, **k: kernel_calls.append(through_kernel(*a, **k))
                         or kernel_calls[-1])
-    monkeypatch.setattr(cpu_kv_mirror, "_EXTEND_KERNEL_REFUSED", set())
+    monkeypatch.setattr(cpu_kv_mirror, "_EXTEND_KERNEL", None)   # no earlier refusal
 
     gen = torch.Generator().manual_seed(block_size)
     rng = np.random.default_rng(block_size)
@@ -144,7 +145,7 @@ def test_mirrored_tree_attention_stays_exact_over_steps(dtype, block_size, limit
         assert len(store) == 0 and not kernel_calls
         return
     # every block with its own K/V (all but one layer of one step) in bf16, none otherwise
-    if dtype == torch.bfloat16 and cpu_has_any_flag("avx512_bf16", "amx_bf16"):
+    if dtype == torch.bfloat16 and cpu_has_any_flag(*EXTEND_KERNEL_CPU_FLAGS):
         assert sum(kernel_calls) == len(kernel_calls) == 9 * len(LAYERS) - 1
     else:
         assert not kernel_calls

@@ -213,14 +213,13 @@ def _extend_kernel_serves(query: torch.Tensor, buf: torch.Tensor, output: torch.
     AVX512-FP16 but not AMX-FP16 it ran fp16 without complaint and returned wrong rows.
     Float32 and fp16 keep SDPA."""
     return (buf.dtype == torch.bfloat16 and query.dtype == buf.dtype
-            and output.dtype == buf.dtype and buf.dtype not in _EXTEND_KERNEL_REFUSED
-            and _has_extend_kernel())
+            and output.dtype == buf.dtype and _has_extend_kernel())
 
 
 def _has_extend_kernel() -> bool:
     """The op exists with the arguments this module passes (vLLM 0.32's CPU build; any
     other signature keeps SDPA rather than guessing at a changed kernel) and the CPU has
-    bf16 dot products (AVX512-BF16 or AMX-BF16)."""
+    bf16 dot products (EXTEND_KERNEL_CPU_FLAGS); False from its first refusal on."""
     global _EXTEND_KERNEL
     if _EXTEND_KERNEL is None:
         try:
@@ -228,7 +227,7 @@ def _has_extend_kernel() -> bool:
         except (AttributeError, RuntimeError):
             schema = None
         _EXTEND_KERNEL = (schema == EXTEND_KERNEL_SCHEMA
-                          and cpu_has_any_flag("avx512_bf16", "amx_bf16"))
+                          and cpu_has_any_flag(*EXTEND_KERNEL_CPU_FLAGS))
     return _EXTEND_KERNEL
 
 
@@ -249,9 +248,9 @@ EXTEND_KERNEL_SCHEMA = (
     "Tensor extend_start_loc, int max_len_extend, float sm_scale, float logit_cap, "
     "bool is_cross_attn, int sliding_window_size, Tensor? encoder_lens, Tensor? sinks, "
     "Tensor? tree_mask=None) -> ()")
-_EXTEND_KERNEL: bool | None = None
-# dtypes the kernel refused on this CPU: SDPA serves them from then on
-_EXTEND_KERNEL_REFUSED: set[torch.dtype] = set()
+# bf16 dot products (AVX512-BF16 or AMX-BF16): the CPUs the kernel's bf16 rows are checked on
+EXTEND_KERNEL_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+_EXTEND_KERNEL: bool | None = None   # see `_has_extend_kernel`
 
 
 def _extend_attention(blk: MirroredBlock, query: torch.Tensor, key: torch.Tensor,
@@ -260,7 +259,8 @@ def _extend_attention(blk: MirroredBlock, query: torch.Tensor, key: torch.Tensor
     """The block's rows through the extend kernel: the committed prefix read from the mirror
     (a token-major strided view), the tree rows from this layer's own K/V, the tree mask
     over the block. Writes the block's output rows in place; False when the kernel refuses
-    the dtype on this CPU (it checks the CPU's features before computing anything)."""
+    (it checks the CPU's features before computing anything): SDPA from then on."""
+    global _EXTEND_KERNEL
     n, start, num_kv_heads = blk.size, blk.start, buf.shape[1]
     if blk.extend_args is None:
         own = blk.bias[0, 0, :n, blk.prefix:blk.length] == 0   # the tree mask, row sees column
@@ -280,7 +280,7 @@ def _extend_attention(blk: MirroredBlock, query: torch.Tensor, key: torch.Tensor
             q, k, v, out, buf[0].transpose(0, 1), buf[1].transpose(0, 1), to_token,
             pool_index, seq_lens, rows, first, n, scale, 0.0, False, 0, None, None, tree_mask)
     except RuntimeError as err:
-        _EXTEND_KERNEL_REFUSED.add(buf.dtype)
+        _EXTEND_KERNEL = False
         logger.warning("PTD: vLLM's CPU extend kernel refuses %s here (%s); tree rows use "
                        "PyTorch SDPA instead", buf.dtype, err)
         return False
