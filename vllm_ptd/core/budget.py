@@ -46,7 +46,9 @@ chain is run only when its rows' surplus also pays c * rate, the fixed price of 
 request; both with the 15% margin. This is the marginal condition of maximising (R + sum
 of accepted) / step_time over every request's rows at once, so it shrinks drafts as the batch
 grows (rate * b and rate * c grow with it) without a grid or exploration: chains of every
-length and steps without any happen on their own. Unsure chains (a pool guess, a single
+length and steps without any happen on their own. Rows a chain offered but did not run are
+checked against the tokens the request commits next (core/shadow.py) and teach the row model
+too, so declined classes keep being revised. Unsure chains (a pool guess, a single
 earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree drafter
 would also stop, sure ones (several occurrences agree) run long.
 
@@ -420,6 +422,12 @@ class BudgetPolicy:
 
     def chain_value(self, classes) -> float:
         return self.chain_plan(classes)[1]
+
+    def record_shadow(self, classes, accepted: int) -> None:
+        """Rows of a chain that did not run, checked against the tokens the request
+        committed after it (core/shadow.py): they teach the row model as verified rows do,
+        so that rows the prices decline still revise their classes' rates."""
+        self.rows_model.record(classes, accepted)
 
     def record_chain(self, classes, rows: int, accepted: int) -> None:
         """A chain that ran `rows` rows (the first `rows` of `classes`) and accepted

@@ -16,7 +16,7 @@ import numpy as np
 
 from vllm_ptd.config import AUTO, CHAIN, TREE, PTDConfig
 from vllm_ptd.core.candidates import merge_with_pool
-from vllm_ptd.core.chain import chain_rows
+from vllm_ptd.core.chain import candidate_chains, choose_chain
 from vllm_ptd.core.context_index import ContextIndex
 from vllm_ptd.core.layout import (
     TreeLayout,
@@ -27,6 +27,7 @@ from vllm_ptd.core.layout import (
 )
 from vllm_ptd.core.metrics import PTDStats
 from vllm_ptd.core.pool import DraftPool
+from vllm_ptd.core.shadow import ShadowChain
 from vllm_ptd.core.shared_outputs import SharedOutputs, TenantView
 from vllm_ptd.core.tree import DraftTree, Node
 from vllm_ptd.core.verify import VerifyResult
@@ -38,6 +39,8 @@ class ChainPolicy(Protocol):
     def chain_value(self, classes: list[int]) -> float: ...
 
     def chain_length(self, classes: list[int]) -> int: ...
+
+    def record_shadow(self, classes: list[int], accepted: int) -> None: ...
 
 
 def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
@@ -91,6 +94,10 @@ class PTDRequestState:
         self._t_nodes: list[Node] = []
         self._proposed_len = 0
         self._proposed_nc = 0
+        # Rows of earlier chains that did not run, checked against the tokens committed
+        # after them (core/shadow.py): one at a time from the own context, one from the
+        # shared outputs (`candidate_chains`'s two), so that an unchosen source learns too.
+        self.shadows: list[ShadowChain | None] = [None, None]
         # Evidence classes of the last chain proposed (core/chain.py), before any cut;
         # [] after a tree.
         self.chain_classes: list[int] = []
@@ -121,8 +128,11 @@ class PTDRequestState:
         """
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
+        committed = [x] if committed is None else committed
+        if self.shadows != [None, None]:
+            self._check_shadows(committed, chain_policy)
         if self.context is not None:
-            self.context.extend([x] if committed is None else committed)
+            self.context.extend(committed)
             if self.context.tokens[-1] != x:
                 raise ValueError(f"context history ends with {self.context.tokens[-1]}, not x={x}")
         if (shape or self.default_shape) == CHAIN:
@@ -148,14 +158,35 @@ class PTDRequestState:
     def _propose_chain(self, x: int, budget: int, policy: ChainPolicy | None) -> TreeLayout:
         cfg = self.config
         trie = self.pool.tries.get(x)
-        tokens, self.chain_classes = chain_rows(
+        own, other, ngrams = candidate_chains(
             self.context, None if trie is None else trie.root, budget,
-            cfg.context_depth, cfg.context_matches, self.shared,
-            None if policy is None else policy.chain_value)
+            cfg.context_depth, cfg.context_matches, self.shared)
+        tokens, self.chain_classes = choose_chain(
+            own, other, ngrams, None if policy is None else policy.chain_value)
         keep = len(tokens) if policy is None else min(policy.chain_length(self.chain_classes),
                                                       len(tokens))
+        # Only with a context index are the committed tokens passed whole (a shadow's input).
+        if policy is not None and self.context is not None:
+            for slot, candidate in enumerate((own, other)):
+                if candidate is None or self.shadows[slot] is not None:
+                    continue
+                ran = keep if candidate[1] is self.chain_classes else 0
+                if ran < len(candidate[0]):
+                    self.shadows[slot] = ShadowChain(candidate[0], candidate[1], ran)
         rows = (tokens[:keep], list(range(keep)), list(range(1, keep + 1)))
         return self._proposed(make_layout(x, rows, ([], [], [])), [], CHAIN)
+
+    def _check_shadows(self, committed: Sequence[int], policy: ChainPolicy | None) -> None:
+        for slot, shadow in enumerate(self.shadows):
+            if shadow is None:
+                continue
+            settled = shadow.feed(committed)
+            if settled is None:
+                continue
+            self.shadows[slot] = None
+            classes, accepted = settled
+            if classes and policy is not None:
+                policy.record_shadow(classes, accepted)
 
     def _proposed(self, layout: TreeLayout, t_nodes: list[Node], shape: str) -> TreeLayout:
         """Remember what observe() needs to map the verified rows back."""
