@@ -73,9 +73,44 @@ def _accepted(chain: list[int], output: list[int], pos: int) -> int:
     return k
 
 
+# Step-cost lines of a loaded step measured in the engine (ms: per step, per token, per
+# drafting request), by requests at once: the prices `load` replays at.
+LOADED_LINES_MS = {1: (13.2, 0.4, 1.8), 4: (33.0, 0.42, 1.0), 16: (40.0, 0.36, 0.3),
+                   32: (50.0, 0.31, 0.2)}
+
+
+def price_as_loaded(policy, requests: int, line_ms: tuple[float, float, float]) -> None:
+    """Teach `policy`'s cost model a step of `requests` requests on `line_ms` (random
+    drafting patterns, as a busy engine sees them), then freeze it; every step is then
+    chosen for `requests` requests, so one replayed request meets a busy batch's prices."""
+    a_ms, b_ms, c_ms = line_ms
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        drafting = int(rng.integers(0, requests + 1))
+        rows = int(rng.integers(0, 5)) * drafting
+        policy.cost.observe(requests + rows,
+                            (a_ms + b_ms * (requests + rows) + c_ms * drafting) / 1e3, drafting)
+    policy.cost.observe = lambda *args, **kwargs: None
+
+
+def replay_first_and_repeated(traces: list[dict], overrides: dict, cost: StepCost,
+                              load: tuple | None = None) -> tuple[float, float, float, float]:
+    """(DE, rows per step) of a first pass over `traces` and of the same prompts again after
+    it, the second pass's figures recovered from a replay of both passes."""
+    first = replay_ptd(traces, overrides, cost, load=load)
+    both = replay_ptd(traces + traces, overrides, cost, load=load)
+    tokens = sum(len(t["output"]) - 1 for t in traces)
+    steps1, steps2 = tokens / first["DE"], 2 * tokens / both["DE"]
+    rows2 = (both["rows"] * steps2 - first["rows"] * steps1) / (steps2 - steps1)
+    return first["DE"], first["rows"], tokens / (steps2 - steps1), rows2
+
+
 def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
-               headroom: dict | None = None) -> dict:
+               headroom: dict | None = None, load: tuple | None = None) -> dict:
     """Chains (the CPU defaults, then `overrides`) over every output of one set in turn.
+
+    load: (requests at once, step-cost line in ms) to price rows as a loaded step does
+    (`price_as_loaded`); None prices them by `cost` at batch 1.
 
     headroom: if given, summed per step (see `HEADROOM`): the rows accepted of the chain
     that ran, of the chosen chain uncut, of each candidate chain uncut (the own context's,
@@ -90,7 +125,10 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
     if cfg.draft_shape != CHAIN:
         raise ValueError("replay covers chains only (draft_shape 'chain')")
     policy = BudgetPolicy(cfg.max_nodes, chain=True) if cfg.adaptive_budget else None
-    if policy is not None:
+    batch = 1 if load is None else load[0]
+    if policy is not None and load is not None:
+        price_as_loaded(policy, *load)
+    elif policy is not None:
         for n in range(400):   # the cost model learns the line, as it would online
             rows = n % 9
             policy.cost.observe(1 + rows, cost.seconds(rows), drafting=int(rows > 0))
@@ -106,7 +144,7 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
         while pos < len(output):
             x = committed[-1]
             if policy is not None:
-                policy.choose(1, 1)
+                policy.choose(batch, batch)
             layout = state.propose(x, cfg.max_nodes, committed=committed, chain_policy=policy)
             rows = len(layout) - 1
             acc = _accepted(layout.tokens[1:].tolist(), output, pos)

@@ -1,8 +1,7 @@
-"""Replay with a loaded step's chain prices (as replay_probe/probe_ab.py), matches of
+"""Replay with a loaded step's chain prices (replay_drafting.LOADED_LINES_MS), matches of
 match_length (32) tokens in a bucket of their own or with the 12+ ones (A/B).
 Usage: python THIS TRACES.json LONG[,PRIOR] [long|short:DEPTHS ...] (baseline short:4 first)"""
 import json, sys
-import numpy as np
 sys.path.insert(0, "benchmarks")   # run from the repository root
 import replay_drafting as rd
 from vllm_ptd.core import budget as bg, chain as ch
@@ -42,36 +41,21 @@ def factory(*args, **kw):
         for s in range(ch.NUM_SOURCES):
             for c in set(ch._CLASSES[s][6]):
                 m._hit[c] = SET["long_prior"] * m._seen[c]
-    N, (a_ms, b_ms, c_ms) = SET["N"], SET["line"]
-    orig_choose = p.choose
-    p.choose = lambda r, d: orig_choose(N, N)
-    rng = np.random.default_rng(0)
-    for i in range(400):
-        drafting = int(rng.integers(0, N + 1)); rows = int(rng.integers(0, 5)) * drafting
-        p.cost.observe(N + rows, (a_ms + b_ms * (N + rows) + c_ms * drafting) / 1e3, drafting)
-    p.cost.observe = lambda *a, **k: None
     return p
 
 
 bg.BudgetPolicy = factory
 cost = rd.StepCost(13.2, 0.4, 1.8)
-LINES = {1: (13.2, 0.4, 1.8), 4: (33.0, 0.42, 1.0), 16: (40.0, 0.36, 0.3), 32: (50.0, 0.31, 0.2)}
 VARIANTS = [(False, "4")] + [tuple(v.split(":")) for v in sys.argv[3:]]
 VARIANTS = [(v[0] in (True, "long"), v[1]) for v in VARIANTS]
 print("variants:", VARIANTS)
 print("| N | set | first DE | first rows | repeated DE | repeated rows |")
 print("|---|---|---|---|---|---|")
-for N, line in LINES.items():
+for N, line in rd.LOADED_LINES_MS.items():
     for ds, tr in traces.items():
         cells = {}
         for var in VARIANTS:
             set_buckets(*var)
-            SET.update(N=N, line=line)
-            r1 = rd.replay_ptd(tr, {}, cost)
-            r2 = rd.replay_ptd(tr + tr, {}, cost)
-            t1 = sum(len(t["output"]) - 1 for t in tr)
-            s1 = t1 / r1["DE"]; s2 = 2 * t1 / r2["DE"]
-            rows2 = (r2["rows"] * s2 - r1["rows"] * s1) / (s2 - s1)
-            cells[var] = (r1["DE"], r1["rows"], t1 / (s2 - s1), rows2)
+            cells[var] = rd.replay_first_and_repeated(tr, {}, cost, load=(N, line))
         cols = [" / ".join(f"{cells[v][i]:.2f}" for v in VARIANTS) for i in range(4)]
         print(f"| {N} | {ds} | " + " | ".join(cols) + " |", flush=True)

@@ -1,6 +1,6 @@
-"""Replay with the chain prices of a loaded step (cost lines per batch size below), probing on/off (RowAcceptanceModel.probe_below 8 / 0). Usage: python THIS benchmarks/results/replay_headroom/traces_tune.json"""
+"""Replay with the chain prices of a loaded step (replay_drafting.LOADED_LINES_MS), probing
+on/off (RowAcceptanceModel.probe_below 8 / 0). Usage: python THIS benchmarks/results/replay_headroom/traces_tune.json"""
 import json, sys
-import numpy as np
 sys.path.insert(0, "benchmarks")   # run from the repository root
 import replay_drafting as rd
 from vllm_ptd.core import budget as bg
@@ -9,30 +9,16 @@ Orig = bg.BudgetPolicy
 SET = {}
 def factory(*args, **kw):
     p = Orig(*args, **kw)
-    N, (a_ms, b_ms, c_ms), probe = SET["N"], SET["line"], SET["probe"]
-    p.rows_model.probe_below = 8.0 if probe else 0.0
-    orig_choose = p.choose
-    p.choose = lambda r, d: orig_choose(N, N)
-    rng = np.random.default_rng(0)
-    for i in range(400):
-        drafting = int(rng.integers(0, N + 1)); rows = int(rng.integers(0, 5)) * drafting
-        p.cost.observe(N + rows, (a_ms + b_ms * (N + rows) + c_ms * drafting) / 1e3, drafting)
-    p.cost.observe = lambda *a, **k: None
+    p.rows_model.probe_below = 8.0 if SET["probe"] else 0.0
     return p
 bg.BudgetPolicy = factory
 cost = rd.StepCost(13.2, 0.4, 1.8)
-LINES = {1: (13.2, 0.4, 1.8), 4: (33.0, 0.42, 1.0), 16: (40.0, 0.36, 0.3), 32: (50.0, 0.31, 0.2)}
 print("| N | set | first DE off / on | first rows off / on | repeated DE off / on | repeated rows off / on |")
-for N, line in LINES.items():
+for N, line in rd.LOADED_LINES_MS.items():
     for ds, tr in traces.items():
         cells = {}
         for probe in (False, True):
-            SET.update(N=N, line=line, probe=probe)
-            r1 = rd.replay_ptd(tr, {}, cost)
-            r2 = rd.replay_ptd(tr + tr, {}, cost)
-            t1 = sum(len(t["output"]) - 1 for t in tr)
-            s1 = t1 / r1["DE"]; s2 = 2 * t1 / r2["DE"]
-            rows2 = (r2["rows"] * s2 - r1["rows"] * s1) / (s2 - s1)
-            cells[probe] = (r1["DE"], r1["rows"], t1 / (s2 - s1), rows2)
+            SET.update(probe=probe)
+            cells[probe] = rd.replay_first_and_repeated(tr, {}, cost, load=(N, line))
         f, o = cells[False], cells[True]
         print(f"| {N} | {ds} | {f[0]:.2f} / {o[0]:.2f} | {f[1]:.1f} / {o[1]:.1f} | {f[2]:.2f} / {o[2]:.2f} | {f[3]:.1f} / {o[3]:.1f} |", flush=True)
