@@ -181,11 +181,17 @@ def test_chain_rows_follow_the_context_then_the_pool_with_an_evidence_class_each
         POOL,
         SHARED,
         candidate_chains,
-        chain_rows,
+        choose_chain,
         match_source,
         row_class,
         rows_from_shared,
     )
+
+    def chain_rows(context, pool_root, limit, context_depth, context_matches, shared=None,
+                   value=None):
+        # the step's chain, as the request state drafts it
+        return choose_chain(*candidate_chains(context, pool_root, limit, context_depth,
+                                              context_matches, shared), value)
 
     idx = ContextIndex(max_n=3, min_n=1)
     idx.extend([2, 3, 4, 7, 0, 2, 3, 4, 5, 1, 2, 3])   # "2 3 4 5" the most recent

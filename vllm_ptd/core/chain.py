@@ -61,27 +61,12 @@ _CLASSES = [[[(source * NUM_NGRAM_BUCKETS + bucket) * MAX_DEPTH_BUCKET + depth
             for source in range(NUM_SOURCES)]
 
 
-def chain_rows(context: ContextIndex | None, pool_root: dict | None, limit: int,
-               context_depth: int, context_matches: int,
-               shared: SharedOutputs | None = None,
-               value: Callable[[list[int]], float] | None = None
-               ) -> tuple[list[int], list[int]]:
-    """(tokens, classes) of the step's chain after x, at most `limit` rows.
-
-    context: the request's context index, its history ending with x (None: no context
-    retrieval). pool_root: the pool's trie for x (`{token: children}`, oldest first).
-    shared: other requests' outputs (needs `context` for the history). When both match,
-    the chain worth more by `value` (a function of the classes; default: the longer
-    matched n-gram, the own context on ties) is drafted.
-    """
-    return choose_chain(*candidate_chains(context, pool_root, limit, context_depth,
-                                          context_matches, shared), value)
-
-
 def choose_chain(own: tuple[list[int], list[int]], other: tuple[list[int], list[int]] | None,
                  ngrams: tuple[int, int], value: Callable[[list[int]], float] | None = None
                  ) -> tuple[list[int], list[int]]:
-    """The one of `candidate_chains`'s results that `chain_rows` drafts."""
+    """The one of `candidate_chains`'s results the step drafts: the chain worth more by
+    `value` (a function of the classes; default: the longer matched n-gram, the own context
+    on ties)."""
     if other is None:
         return own
     if value is None:
@@ -94,9 +79,12 @@ def candidate_chains(context: ContextIndex | None, pool_root: dict | None, limit
                      shared: SharedOutputs | None = None
                      ) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]] | None,
                                 tuple[int, int]]:
-    """The chains `chain_rows` chooses between: (own, other, (n, shared n)). own: from the
-    request's context (the pool alone without one), other: from the shared outputs, None
-    when they match nothing; n: each one's matched n-gram length."""
+    """The chains a step chooses between (`choose_chain`), at most `limit` rows each:
+    (own, other, (n, shared n)), each chain (tokens, classes). own: from the request's
+    context, its history ending with x (the pool's trie for x, `{token: children}` oldest
+    first, alone without one), other: from the shared outputs (other requests' outputs;
+    needs `context` for the history), None when they match nothing; n: each one's matched
+    n-gram length."""
     if context is None or limit <= 0:
         return _follow(None, 0, [], [], pool_root, limit), None, (0, 0)
     ngram, path, agree = context.best_path(context_depth, context_matches)

@@ -129,8 +129,7 @@ class PTDRequestState:
         cfg = self.config
         budget = cfg.max_nodes if budget is None else budget
         committed = [x] if committed is None else committed
-        if self.shadows != [None, None]:
-            self._check_shadows(committed, chain_policy)
+        self._check_shadows(committed, chain_policy)
         if self.context is not None:
             self.context.extend(committed)
             if self.context.tokens[-1] != x:

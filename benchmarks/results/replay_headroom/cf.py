@@ -1,5 +1,7 @@
 """Counterfactual: after each step, the unchosen candidate's rows are scored against the
-committed tokens and recorded in the row model too."""
+committed tokens and recorded in the row model too. (The shipped shadow verification,
+core/shadow.py, grew from this trial; with it in the build, "off" here no longer means no
+counterfactual rows.)"""
 import json, sys
 sys.path.insert(0, "benchmarks")   # run from the repository root
 import replay_drafting as rd
@@ -9,13 +11,12 @@ from vllm_ptd.core import budget as bg
 
 MODE = ["off"]
 pending = {}
-orig_chain_rows = ch.chain_rows
-def chain_rows(context, pool_root, limit, depth, matches, shared=None, value=None):
-    res = orig_chain_rows(context, pool_root, limit, depth, matches, shared, value)
-    own, other, _ = ch.candidate_chains(context, pool_root, limit, depth, matches, shared)
+orig_choose_chain = ch.choose_chain
+def choose_chain(own, other, ngrams, value=None):
+    res = orig_choose_chain(own, other, ngrams, value)
     pending["alt"] = [c for c in (own, other) if c is not None and c[0] != res[0]]
     return res
-rs.chain_rows = chain_rows
+rs.choose_chain = choose_chain
 
 orig_record = bg.BudgetPolicy.record_chain
 COMMITTED = {}
