@@ -93,21 +93,44 @@ def price_as_loaded(policy, requests: int, line_ms: tuple[float, float, float]) 
     policy.cost.observe = lambda *args, **kwargs: None
 
 
-def replay_first_and_repeated(traces: list[dict], overrides: dict, cost: StepCost,
-                              load: tuple | None = None) -> tuple[float, float, float, float]:
+def replay_first_and_repeated(traces: list[dict], overrides: dict | None, cost: StepCost,
+                              load: tuple | None = None, repeated: list[dict] | None = None,
+                              concurrency: int | None = None
+                              ) -> tuple[float, float, float, float]:
     """(DE, rows per step) of a first pass over `traces` and of the same prompts again after
-    it, the second pass's figures recovered from a replay of both passes."""
-    first = replay_ptd(traces, overrides, cost, load=load)
-    both = replay_ptd(traces + traces, overrides, cost, load=load)
-    tokens = sum(len(t["output"]) - 1 for t in traces)
-    steps1, steps2 = tokens / first["DE"], 2 * tokens / both["DE"]
-    rows2 = (both["rows"] * steps2 - first["rows"] * steps1) / (steps2 - steps1)
-    return first["DE"], first["rows"], tokens / (steps2 - steps1), rows2
+    it, the second pass's figures recovered from a replay of both passes.
+
+    repeated: the second pass's outputs where they differ from the first's (an engine's
+    bf16 answers drift between passes), in the order of `traces`; default: the same.
+    overrides None replays vLLM's suffix drafter (`replay_suffix`) instead of PTD's chains.
+    concurrency: as `replay_ptd`'s."""
+    second = traces if repeated is None else repeated
+
+    if concurrency is not None:   # a group never spans the two passes
+        concurrency = min(concurrency, len(traces))
+
+    def replay(passes: list[dict]) -> dict:
+        if overrides is None:
+            return replay_suffix(passes, cost)
+        return replay_ptd(passes, overrides, cost, load=load, concurrency=concurrency)
+
+    first, both = replay(traces), replay(traces + second)
+    decode_steps = lambda ts: sum(len(t["output"]) - 1 for t in ts)
+    steps1 = decode_steps(traces) / first["DE"]
+    steps_both = (decode_steps(traces) + decode_steps(second)) / both["DE"]
+    steps2 = steps_both - steps1
+    rows2 = (both["rows"] * steps_both - first["rows"] * steps1) / steps2
+    return first["DE"], first["rows"], decode_steps(second) / steps2, rows2
 
 
 def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
-               headroom: dict | None = None, load: tuple | None = None) -> dict:
+               headroom: dict | None = None, load: tuple | None = None,
+               concurrency: int | None = None) -> dict:
     """Chains (the CPU defaults, then `overrides`) over every output of one set in turn.
+
+    concurrency: requests answered at once, in lock-step (each group of that many drafts
+    from the outputs of the groups before it only, and the policy prices each step for the
+    requests still running); None: one after another, each priced as `load`'s batch.
 
     load: (requests at once, step-cost line in ms) to price rows as a loaded step does
     (`price_as_loaded`); None prices them by `cost` at batch 1.
@@ -137,37 +160,54 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
               if cfg.shared_outputs and cfg.context_ngram else None)
     tokens = steps = rows_total = 0
     seconds = 0.0
-    for trace in traces:
-        output = trace["output"]
-        state = PTDRequestState(cfg, trace["prompt"], frozenset(), shared=shared)
-        committed, pos = output[:1], 1   # the first token comes from prefill
-        while pos < len(output):
-            x = committed[-1]
+    at_once = 1 if concurrency is None else concurrency
+    for first in range(0, len(traces), at_once):
+        # A group answered in lock-step, as a busy engine's batch: every request drafts,
+        # then every one learns its verdict; finished outputs are shared when they finish.
+        group = []
+        for trace in traces[first:first + at_once]:
+            state = PTDRequestState(cfg, trace["prompt"], frozenset(), shared=shared)
+            group.append([trace["output"], state, trace["output"][:1], 1])  # prefill's token
+        while group:
             if policy is not None:
-                policy.choose(batch, batch)
-            layout = state.propose(x, cfg.max_nodes, committed=committed, chain_policy=policy)
-            rows = len(layout) - 1
-            acc = _accepted(layout.tokens[1:].tolist(), output, pos)
-            if headroom is not None:
-                _add_headroom(headroom, state, x, cfg, policy, output, pos, acc)
-            committed = output[pos:pos + acc + 1]
-            if rows:
-                ran = layout.truncate(acc + 1)   # argmax is known up to the first rejection
-                argmax = np.array(output[pos:pos + acc + 1] + [0] * (acc + 1 - len(committed)),
-                                  dtype=np.int64)
-                state.observe(ran, argmax, verify_greedy(ran, argmax))
-            else:
-                state.observe_undrafted(x, committed)
-            if policy is not None:
-                policy.record_chain(state.chain_classes if rows else (), rows, acc)
-            pos += len(committed)
-            tokens += len(committed)
-            steps += 1
-            rows_total += rows
-            seconds += cost.seconds(rows)
-        if shared is not None:
-            # as the proposer does: the prompt's tail first, so a repeated prompt matches
-            shared.add(state.output_tokens(), state.prompt_tail(cfg.shared_prompt_tail))
+                policy.choose(batch if concurrency is None else len(group),
+                              batch if concurrency is None else len(group))
+            step = []
+            for request in group:
+                output, state, committed, pos = request
+                x = committed[-1]
+                layout = state.propose(x, cfg.max_nodes, committed=committed,
+                                       chain_policy=policy)
+                acc = _accepted(layout.tokens[1:].tolist(), output, pos)
+                if headroom is not None:
+                    _add_headroom(headroom, state, x, cfg, policy, output, pos, acc)
+                step.append((layout, acc))
+            for request, (layout, acc) in zip(group, step):
+                output, state, _, pos = request
+                rows = len(layout) - 1
+                committed = output[pos:pos + acc + 1]
+                x = request[2][-1]
+                if rows:
+                    ran = layout.truncate(acc + 1)   # argmax is known to the first rejection
+                    argmax = np.array(committed + [0] * (acc + 1 - len(committed)),
+                                      dtype=np.int64)
+                    state.observe(ran, argmax, verify_greedy(ran, argmax))
+                else:
+                    state.observe_undrafted(x, committed)
+                if policy is not None:
+                    policy.record_chain(state.chain_classes if rows else (), rows, acc)
+                request[2], request[3] = committed, pos + len(committed)
+                tokens += len(committed)
+                steps += 1
+                rows_total += rows
+                seconds += cost.seconds(rows)
+            for request in [r for r in group if r[3] >= len(r[0])]:
+                group.remove(request)
+                if shared is not None:
+                    # as the proposer does: the prompt's tail first, so a repeated prompt
+                    # matches
+                    shared.add(request[1].output_tokens(),
+                               request[1].prompt_tail(cfg.shared_prompt_tail))
     return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
 
 

@@ -12,6 +12,7 @@ from vllm_ptd.core.budget import (
     StepCostModel,
     budget_sizes,
 )
+from vllm_ptd.core.chain import CONTEXT, NUM_CLASSES, SHARED, match_source, row_class
 
 
 def test_cost_model_recovers_a_line_from_noisy_steps() -> None:
@@ -203,7 +204,9 @@ def test_chain_policy_keeps_sure_rows_and_drops_chains_that_do_not_pay() -> None
     # sure rows, then unsure ones: the chain stops where the evidence does
     assert policy.chain_length([sure, sure, sure, unsure, sure]) == 3
     # one sure row pays for itself and for the chain; a coin flip pays a row, not a chain
-    policy.rows_model._hit[2], policy.rows_model._seen[2] = 0.2, 1.0
+    for i in range(200):
+        policy.rows_model.record([2], int(i % 5 == 0))   # accepted one time in five
+    assert policy.rows_model.rates([2])[0] == pytest.approx(0.2, abs=0.01)
     assert policy.chain_length([2]) == 0 and policy.chain_length([sure]) == 1
     assert policy.chain_length([]) == 0
 
@@ -415,3 +418,25 @@ def test_the_first_timed_step_is_not_a_sample() -> None:
     assert policy.cost.samples == 0
     policy.time_step(16, 0.036, drafting=0)
     assert policy.cost.samples == 1
+
+
+def test_a_class_met_for_the_first_time_starts_at_its_shapes_measured_rate() -> None:
+    """A repeated prompt's long match in the shared outputs: its classes were never observed
+    (first answers' long matches came from the own context), but long matches of the same
+    length and depth were; the new classes start at their rate, not at the 0.5 prior, so a
+    busy batch runs their chains long from the first step."""
+    model = RowAcceptanceModel(NUM_CLASSES)
+    own = [row_class(match_source(CONTEXT, 1, False), 12, d) for d in range(1, 9)]
+    shared = [row_class(match_source(SHARED, 1, False), 12, d) for d in range(1, 9)]
+    unrelated = [row_class(match_source(SHARED, 1, False), 1, d) for d in range(1, 9)]
+    for i in range(300):
+        model.record(own, 8 if i % 10 else 3)          # rows accepted ~97% of the time
+    assert model.rates(shared) == pytest.approx(model.rates(own), abs=0.06)
+    assert model.rates(shared).min() > 0.9
+    assert model.rates(unrelated) == pytest.approx([0.5] * 8)   # a shape never observed
+    keep, _ = model.leading_surplus(shared, row_price=0.3)
+    assert keep == 8
+    # the class's own rows then decide: rejected every time, it falls below its shape's rate
+    for _ in range(100):
+        model.record(shared, 0)
+    assert model.rates(shared[:1])[0] < 0.1 < model.rates(own[:1])[0]

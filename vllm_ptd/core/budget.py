@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vllm_ptd.config import CHAIN, TREE
-from vllm_ptd.core.chain import NUM_CLASSES
+from vllm_ptd.core.chain import CLASSES_PER_SOURCE, NUM_CLASSES
 from vllm_ptd.core.step_cost import StepCostModel
 
 
@@ -143,10 +143,19 @@ class RowAcceptanceModel:
     often such a row was accepted when every row before it in its chain was. A chain's
     rows then have predicted acceptances P_k = p_1 * ... * p_k (the chance that its first k
     rows are all accepted), which the policy weighs against their cost. Each class forgets
-    by `decay` per observation of that class, so rare classes keep what they learned."""
+    by `decay` per observation of that class, so rare classes keep what they learned.
+
+    A class's prior is what rows of its shape (match length and depth: core/chain.py's
+    CLASSES_PER_SOURCE)
+    from any source were measured to do, not a constant: a class met for the first time
+    (a repeated prompt's long match in the shared outputs, whose earlier rows all came
+    from the request's own context) starts at the rate of such matches, not at `prior`.
+    Under load every request of a busy batch meets it in the same steps, before any of its
+    rows is verified; at 0.5 a row its chains stopped after two rows (P_k falls below a
+    busy batch's row price), and a 64-token answer took most of its steps to learn it."""
 
     num_classes: int
-    prior: float = 0.5          # p of a class before it is observed
+    prior: float = 0.5          # p of a shape before any of its rows is observed
     prior_weight: float = 2.0   # the prior's weight, in observations
     decay: float = 0.998
     # A class seen fewer times than this (prior included) is probed: see `needs_probe`.
@@ -155,22 +164,33 @@ class RowAcceptanceModel:
     # numpy's per-call overhead on 1-16 elements was most of the chain's pricing time.
     _hit: list[float] = field(init=False)
     _seen: list[float] = field(init=False)
+    _shape_hit: list[float] = field(init=False)    # per evidence shape, all sources
+    _shape_seen: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._hit = [self.prior * self.prior_weight] * self.num_classes
-        self._seen = [self.prior_weight] * self.num_classes
+        self._hit = [0.0] * self.num_classes
+        self._seen = [0.0] * self.num_classes
+        shapes = min(self.num_classes, CLASSES_PER_SOURCE)
+        self._shape_hit = [self.prior * self.prior_weight] * shapes
+        self._shape_seen = [self.prior_weight] * shapes
+
+    def _rate(self, cls: int) -> float:
+        shape = cls % CLASSES_PER_SOURCE
+        w = self.prior_weight
+        prior = self._shape_hit[shape] / self._shape_seen[shape]
+        return (self._hit[cls] + w * prior) / (self._seen[cls] + w)
 
     def rates(self, classes) -> np.ndarray:
         """p of each class (acceptance given the rows before were accepted)."""
-        return np.array([self._hit[c] / self._seen[c] for c in classes], dtype=np.float64)
+        return np.array([self._rate(c) for c in classes], dtype=np.float64)
 
     def leading_surplus(self, classes, row_price: float) -> tuple[int, float]:
         """(keep, surplus): how many leading rows have P_k above `row_price` (P_k only
         falls with k) and the sum of their P_k - row_price."""
-        hit, seen = self._hit, self._seen
+        rate = self._rate
         p, keep, surplus = 1.0, 0, 0.0
         for cls in classes:
-            p *= hit[cls] / seen[cls]
+            p *= rate(cls)
             if p <= row_price:
                 break
             keep += 1
@@ -183,14 +203,19 @@ class RowAcceptanceModel:
         prior or one early rejection priced out would never run again and keep its
         estimate for good (a repeated answer's deeper rows stuck at 0.33-0.5 while their
         true rate is ~0.97, cutting its chains to 2 rows at 16 requests at once)."""
-        return self._seen[cls] < self.probe_below
+        return self._seen[cls] + self.prior_weight < self.probe_below
 
     def record(self, classes, accepted: int) -> None:
         """One verified chain: its first `accepted` rows were accepted; the row after them
         (if any) was reached and rejected; rows past it say nothing."""
+        d = self.decay
         for k, cls in enumerate(list(classes)[: accepted + 1]):
-            self._hit[cls] = self.decay * self._hit[cls] + float(k < accepted)
-            self._seen[cls] = self.decay * self._seen[cls] + 1.0
+            hit = float(k < accepted)
+            shape = cls % CLASSES_PER_SOURCE
+            self._hit[cls] = d * self._hit[cls] + hit
+            self._seen[cls] = d * self._seen[cls] + 1.0
+            self._shape_hit[shape] = d * self._shape_hit[shape] + hit
+            self._shape_seen[shape] = d * self._shape_seen[shape] + 1.0
 
 
 @dataclass

@@ -29,7 +29,10 @@ NUM_SOURCES = 9
 NGRAM_BUCKETS = (0, 1, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4)
 NUM_NGRAM_BUCKETS = 6
 MAX_DEPTH_BUCKET = 4     # rows 4 deep or deeper share a class
-NUM_CLASSES = NUM_SOURCES * NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
+# class % CLASSES_PER_SOURCE: the class's evidence shape (match length bucket and depth,
+# whatever its source), whose rate is the prior of a class (core.budget.RowAcceptanceModel)
+CLASSES_PER_SOURCE = NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
+NUM_CLASSES = NUM_SOURCES * CLASSES_PER_SOURCE
 
 
 def match_source(origin: int, agree: int, in_pool: bool) -> int:
@@ -39,8 +42,7 @@ def match_source(origin: int, agree: int, in_pool: bool) -> int:
 
 def rows_from_shared(classes) -> int:
     """How many rows with these classes were drafted from other requests' outputs."""
-    per_source = NUM_NGRAM_BUCKETS * MAX_DEPTH_BUCKET
-    return sum(1 for cls in classes if cls // per_source >= SHARED)
+    return sum(1 for cls in classes if cls // CLASSES_PER_SOURCE >= SHARED)
 
 
 def ngram_bucket(ngram: int) -> int:
