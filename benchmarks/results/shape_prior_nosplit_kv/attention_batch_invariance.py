@@ -3,7 +3,7 @@ KV, the given ISA), computed in a batch of all 1-row queries and in batches wher
 requests carry 2-16 rows. Usage: python THIS amx 1   (ISA, split-KV 0/1)"""
 import sys, torch
 from vllm import _custom_ops as ops
-torch.manual_seed(0); (torch.randn(256,256,dtype=torch.bfloat16)@torch.randn(256,256,dtype=torch.bfloat16)).sum()
+import os; torch.set_num_threads(int(os.environ.get("THREADS", "2"))); torch.manual_seed(0); (torch.randn(256,256,dtype=torch.bfloat16)@torch.randn(256,256,dtype=torch.bfloat16)).sum()
 H, KVH, D, BS = 9, 3, 64, 128
 dt = torch.bfloat16; isa = sys.argv[1]; split = sys.argv[2] == "1"
 R = 8; L = [300 + 37 * i for i in range(R)]
