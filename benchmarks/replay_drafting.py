@@ -161,11 +161,11 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
     tokens = steps = rows_total = 0
     seconds = 0.0
     at_once = 1 if concurrency is None else concurrency
-    for first in range(0, len(traces), at_once):
+    for start in range(0, len(traces), at_once):
         # A group answered in lock-step, as a busy engine's batch: every request drafts,
         # then every one learns its verdict; finished outputs are shared when they finish.
         group = []
-        for trace in traces[first:first + at_once]:
+        for trace in traces[start:start + at_once]:
             state = PTDRequestState(cfg, trace["prompt"], frozenset(), shared=shared)
             group.append([trace["output"], state, trace["output"][:1], 1])  # prefill's token
         while group:

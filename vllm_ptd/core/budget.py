@@ -145,14 +145,14 @@ class RowAcceptanceModel:
     rows are all accepted), which the policy weighs against their cost. Each class forgets
     by `decay` per observation of that class, so rare classes keep what they learned.
 
-    A class's prior is what rows of its shape (match length and depth: core/chain.py's
-    CLASSES_PER_SOURCE)
-    from any source were measured to do, not a constant: a class met for the first time
-    (a repeated prompt's long match in the shared outputs, whose earlier rows all came
-    from the request's own context) starts at the rate of such matches, not at `prior`.
-    Under load every request of a busy batch meets it in the same steps, before any of its
-    rows is verified; at 0.5 a row its chains stopped after two rows (P_k falls below a
-    busy batch's row price), and a 64-token answer took most of its steps to learn it."""
+    A class's prior is not a constant but the measured rate of its evidence shape: rows of
+    the same match length and depth from any source (class % CLASSES_PER_SOURCE). So a
+    class met for the first time, such as a repeated prompt's long match in the shared
+    outputs when earlier long matches all came from the requests' own contexts, starts at
+    what long matches do. Under load every request of a busy batch meets such a class in
+    the same steps, before any of its rows is verified; at a flat 0.5 per row its chains
+    stopped after two rows (P_k below a busy batch's row price) and a 64-token answer spent
+    most of its steps learning the class. `prior` is the shapes' own prior."""
 
     num_classes: int
     prior: float = 0.5          # p of a shape before any of its rows is observed
@@ -187,10 +187,12 @@ class RowAcceptanceModel:
     def leading_surplus(self, classes, row_price: float) -> tuple[int, float]:
         """(keep, surplus): how many leading rows have P_k above `row_price` (P_k only
         falls with k) and the sum of their P_k - row_price."""
-        rate = self._rate
+        hit, seen, shape_hit, shape_seen = self._hit, self._seen, self._shape_hit, self._shape_seen
+        w = self.prior_weight
         p, keep, surplus = 1.0, 0, 0.0
-        for cls in classes:
-            p *= rate(cls)
+        for cls in classes:   # _rate, inlined: every request's chain, every step
+            shape = cls % CLASSES_PER_SOURCE
+            p *= (hit[cls] + w * shape_hit[shape] / shape_seen[shape]) / (seen[cls] + w)
             if p <= row_price:
                 break
             keep += 1
