@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -123,6 +124,21 @@ def replay_first_and_repeated(traces: list[dict], overrides: dict | None, cost: 
     return first["DE"], first["rows"], decode_steps(second) / steps2, rows2
 
 
+@dataclass
+class _ReplayedRequest:
+    """One request of a replayed group: its recorded output and how far it has got."""
+
+    output: list[int]
+    state: object                  # PTDRequestState
+    committed: list[int] = field(default_factory=list)   # the last step's tokens
+    pos: int = 1                   # the next output position to decode
+    layout: object = None          # this step's draft (TreeLayout)
+    accepted: int = 0              # its rows accepted
+
+    def __post_init__(self) -> None:
+        self.committed = self.output[:1]   # the first token comes from prefill
+
+
 def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
                headroom: dict | None = None, load: tuple | None = None,
                concurrency: int | None = None) -> dict:
@@ -164,50 +180,45 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
     for start in range(0, len(traces), at_once):
         # A group answered in lock-step, as a busy engine's batch: every request drafts,
         # then every one learns its verdict; finished outputs are shared when they finish.
-        group = []
-        for trace in traces[start:start + at_once]:
-            state = PTDRequestState(cfg, trace["prompt"], frozenset(), shared=shared)
-            group.append([trace["output"], state, trace["output"][:1], 1])  # prefill's token
+        group = [_ReplayedRequest(t["output"], PTDRequestState(cfg, t["prompt"], frozenset(),
+                                                               shared=shared))
+                 for t in traces[start:start + at_once]]
         while group:
             if policy is not None:
-                policy.choose(batch if concurrency is None else len(group),
-                              batch if concurrency is None else len(group))
-            step = []
-            for request in group:
-                output, state, committed, pos = request
-                x = committed[-1]
-                layout = state.propose(x, cfg.max_nodes, committed=committed,
-                                       chain_policy=policy)
-                acc = _accepted(layout.tokens[1:].tolist(), output, pos)
+                priced_for = batch if concurrency is None else len(group)
+                policy.choose(priced_for, priced_for)
+            for r in group:
+                x = r.committed[-1]
+                r.layout = r.state.propose(x, cfg.max_nodes, committed=r.committed,
+                                           chain_policy=policy)
+                r.accepted = _accepted(r.layout.tokens[1:].tolist(), r.output, r.pos)
                 if headroom is not None:
-                    _add_headroom(headroom, state, x, cfg, policy, output, pos, acc)
-                step.append((layout, acc))
-            for request, (layout, acc) in zip(group, step):
-                output, state, _, pos = request
-                rows = len(layout) - 1
-                committed = output[pos:pos + acc + 1]
-                x = request[2][-1]
+                    _add_headroom(headroom, r.state, x, cfg, policy, r.output, r.pos,
+                                  r.accepted)
+            for r in group:
+                rows, acc = len(r.layout) - 1, r.accepted
+                committed = r.output[r.pos:r.pos + acc + 1]
                 if rows:
-                    ran = layout.truncate(acc + 1)   # argmax is known to the first rejection
+                    ran = r.layout.truncate(acc + 1)   # argmax is known to the first rejection
                     argmax = np.array(committed + [0] * (acc + 1 - len(committed)),
                                       dtype=np.int64)
-                    state.observe(ran, argmax, verify_greedy(ran, argmax))
+                    r.state.observe(ran, argmax, verify_greedy(ran, argmax))
                 else:
-                    state.observe_undrafted(x, committed)
+                    r.state.observe_undrafted(r.committed[-1], committed)
                 if policy is not None:
-                    policy.record_chain(state.chain_classes if rows else (), rows, acc)
-                request[2], request[3] = committed, pos + len(committed)
+                    policy.record_chain(r.state.chain_classes if rows else (), rows, acc)
+                r.committed, r.pos = committed, r.pos + len(committed)
                 tokens += len(committed)
                 steps += 1
                 rows_total += rows
                 seconds += cost.seconds(rows)
-            for request in [r for r in group if r[3] >= len(r[0])]:
-                group.remove(request)
+            for r in [r for r in group if r.pos >= len(r.output)]:
+                group.remove(r)
                 if shared is not None:
                     # as the proposer does: the prompt's tail first, so a repeated prompt
                     # matches
-                    shared.add(request[1].output_tokens(),
-                               request[1].prompt_tail(cfg.shared_prompt_tail))
+                    shared.add(r.state.output_tokens(),
+                               r.state.prompt_tail(cfg.shared_prompt_tail))
     return {"DE": tokens / steps, "rows": rows_total / steps, "rate": tokens / seconds}
 
 
