@@ -298,6 +298,8 @@ def _run_auto(step_seconds, steps: int, tree_gain: float = 2.0, row_p: float = 0
     for _ in range(steps):
         budget = policy.choose(1, 1)
         shape = policy.step_shape
+        if policy.explore is not None:   # the one request explores, as in the proposer
+            shape, budget = policy.explore
         if shape == "tree":
             rows = budget
             policy.record_tree(rows, tree_gain * float(policy.gain.shape(rows)), 100)
@@ -382,14 +384,27 @@ def test_auto_follows_the_cost_when_it_changes_from_gpu_like_to_cpu_like() -> No
     assert sum(shape == "chain" for shape, _ in late) >= 0.9 * len(late)
 
 
-def test_auto_tries_the_other_shape_once_after_a_fixed_number_of_steps() -> None:
+def test_auto_tries_the_other_shape_on_one_request_after_a_fixed_number_of_steps() -> None:
     policy, _ = _run_auto(_gpu_step, 200)
     policy.clear_margin = float("inf")     # never clear: the other shape every 33rd step
-    shapes = [(policy.choose(1, 1), policy.step_shape)[1] for _ in range(200)]
-    chains = [i for i, shape in enumerate(shapes) if shape == "chain"]
-    assert len(chains) in (6, 7) and np.all(np.diff(chains) == 33)
+    steps = [(policy.choose(4, 4), policy.step_shape, policy.explore) for _ in range(200)]
+    assert all(shape == "tree" for _, shape, _ in steps)   # the batch keeps its trees
+    explored = [i for i, (_, _, explore) in enumerate(steps) if explore is not None]
+    assert len(explored) in (6, 7) and np.all(np.diff(explored) == 33)
+    # one request's chain, whole, at the chains' current prices
+    assert {steps[i][2] for i in explored} == {("chain", 15)}
     policy.shape_explore_after = 0         # 0: never
-    assert all((policy.choose(1, 1), policy.step_shape)[1] == "tree" for _ in range(200))
+    assert all((policy.choose(4, 4), policy.explore)[1] is None for _ in range(200))
+
+
+def test_auto_explores_a_tree_on_one_request_while_chains_win() -> None:
+    policy, _ = _run_auto(_cpu_step, 300, tree_gain=0.8, row_p=0.9)
+    policy.clear_margin = float("inf")
+    steps = [(policy.choose(8, 8), policy.step_shape, policy.explore) for _ in range(100)]
+    assert all(shape == "chain" for _, shape, _ in steps)
+    explored = [explore for _, _, explore in steps if explore is not None]
+    assert len(explored) in (3, 4)   # every 33rd step
+    assert all(shape == "tree" and rows > 0 for shape, rows in explored)
 
 
 def test_auto_warms_up_both_shapes_in_turn() -> None:

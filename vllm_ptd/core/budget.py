@@ -53,7 +53,7 @@ earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree 
 would also stop, sure ones (several occurrences agree) run long.
 
 One policy for the draft's shape (config draft_shape "auto"): per step, for the whole batch,
-chains or trees, and then their budget as above. `StepCostModel`'s tree terms price a tree
+chains or trees, and then their budget as above (but for one explored request, below). `StepCostModel`'s tree terms price a tree
 request apart from a chain request (what tree attention adds, per request and per row); the trees' value
 is G * s(n), learned from tree steps only, the chains' the accepted tokens per drafting
 request at their current prices (ChainUsage), learned from chain steps only. Trees run when
@@ -61,9 +61,12 @@ their best size beats the chains' expected tokens per second and no drafts by th
 chains otherwise (they cut themselves down to no drafts where rows do not pay). So trees run
 where rows are cheap and trees accept more (a GPU at small batch) and chains where a tree
 step costs ~1.8x a chain step (the AMX CPU), without a platform switch. Each shape is learned
-only from its own steps, so the one not chosen runs one step after `shape_explore_after` (32)
-steps without it, 4x later when the other wins by 25%: on the CPU one tree step in 129
-costs ~0.6% of chain speed. T grows only on tree steps (core/request_state.py).
+only from its own request-steps, so the one not chosen runs on one drafting request of a step
+(`explore`) after `shape_explore_after` (32) steps without it, 4x later when the other wins by
+25%. One request, not the batch: it measures the shape as well, costs less, and in bf16 a
+tree re-rounds the rows it carries (PTD's attention, not vLLM's), which makes a repeated
+answer drift from its cached first answer. T grows only on tree steps
+(core/request_state.py).
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
@@ -276,6 +279,13 @@ class BudgetPolicy:
     _explore_chain: bool = False
     _warmup_choices: int = 0
     _steps_without: dict[str, int] = field(default_factory=lambda: {TREE: 0, CHAIN: 0})
+    # Auto: the shape not preferred, and its rows, for one drafting request of this step
+    # (None: every request drafts `step_shape`). The proposer hands it to the first request
+    # that drafts and clears it. One request is enough to measure the shape, and a tree
+    # request re-rounds only its own rows: batch-wide, a tree step would send every drafting
+    # request's x row through PTD's attention instead of vLLM's, which in bf16 rounds
+    # differently and makes repeated answers drift from their cached first answers.
+    explore: tuple[str, int] | None = None
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
     step_shape: str = field(init=False)     # TREE or CHAIN: what the next step drafts
@@ -295,6 +305,7 @@ class BudgetPolicy:
         """Rows per drafting request (0..max_nodes) maximising expected tokens per second,
         and `step_shape`. Chains: max_nodes, and the prices `chain_length` cuts each chain
         by. Auto: the shape first (`_choose_shape`)."""
+        self.explore = None
         if num_drafting <= 0 or self.max_nodes <= 0:
             return 0
         if self.auto:
@@ -374,27 +385,31 @@ class BudgetPolicy:
         wins = trees[best] > max(chains, self.min_improvement * trees[0])
         prefer = TREE if wins else CHAIN
         ratio = trees[best] / chains if wins else chains / trees[best]
-        shape = self._shape_to_run(prefer, ratio)
-        if shape == CHAIN:
+        if self._explore_other_shape(prefer, ratio):
+            if prefer == TREE:
+                self._set_chain_prices(num_requests, num_drafting)
+                self.explore = (CHAIN, self.max_nodes)
+            else:
+                self.explore = (TREE, int(self.sizes[best]))
+        if prefer == CHAIN:
             return self._choose_chain(num_requests, num_drafting)
         self.step_shape = TREE
-        return self._pick_tree(trees) if shape == prefer else int(self.sizes[best])
+        return self._pick_tree(trees)
 
-    def _shape_to_run(self, prefer: str, ratio: float) -> str:
-        """`prefer`, or the other shape once it has not run for `shape_explore_after` steps
+    def _explore_other_shape(self, prefer: str, ratio: float) -> bool:
+        """True once the shape not preferred has not run for `shape_explore_after` steps
         (`clear_explore_factor` times as many when `prefer` wins by `ratio` >=
-        `clear_margin`): on a CPU one tree step in 33 costs ~2.5% of chain speed (a tree
-        step takes ~1.8x a chain step), one in 129 ~0.6%."""
+        `clear_margin`); it then runs on one drafting request of the step (`explore`)."""
         other = CHAIN if prefer == TREE else TREE
         wait = self.shape_explore_after
         if ratio >= self.clear_margin:
             wait *= self.clear_explore_factor
-        for key in self._steps_without:
-            self._steps_without[key] += 1
+        self._steps_without[prefer] = 0
+        self._steps_without[other] += 1
         due = wait > 0 and self._steps_without[other] > wait
-        shape = other if due else prefer
-        self._steps_without[shape] = 0
-        return shape
+        if due:
+            self._steps_without[other] = 0
+        return due
 
     # -- chains ------------------------------------------------------------------------
     def _choose_chain(self, num_requests: int, num_drafting: int) -> int:

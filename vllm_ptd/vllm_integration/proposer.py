@@ -403,8 +403,14 @@ class PTDProposer:
                 self._learn(state, 0, 0)
         if self.blocker(req_id, req_state.sampling_params) is not None:
             return []
+        # One request of the step may draft the shape the policy explores (core/budget.py).
+        explore = None if self.policy is None else self.policy.explore
+        shape = None if self.policy is None else self.policy.step_shape
+        budget = self.step_budget
+        if explore is not None:
+            shape, budget = explore
         # x sits at position num_tokens - 1; drafts must stay inside max_model_len.
-        budget = min(self.step_budget, self.max_model_len - num_tokens)
+        budget = min(budget, self.max_model_len - num_tokens)
         if budget <= 0:
             entry.undrafted = (sampled[-1], False)
             return []
@@ -415,11 +421,12 @@ class PTDProposer:
         # rows feed the pool that C draws from).
         cap = -(-budget * self.config.max_candidate_nodes // max(self.config.max_nodes, 1))
         layout = state.propose(sampled[-1], budget, committed=history[known:].tolist(),
-                               candidate_cap=cap, chain_policy=self.policy,
-                               shape=None if self.policy is None else self.policy.step_shape)
+                               candidate_cap=cap, chain_policy=self.policy, shape=shape)
         if len(layout) <= 1:
             entry.undrafted = (sampled[-1], True)
             return []
+        if explore is not None:
+            self.policy.explore = None   # explored by this request
         if self.shared is not None:
             self.counters.shared_rows += rows_from_shared(
                 state.chain_classes[: len(layout) - 1])
