@@ -1,11 +1,13 @@
 """Run the real vLLM engine on CPU through PTD's CUDA attention path (a script, run in a fresh
 interpreter by tests/test_cuda_backend_in_engine.py).
 
-    python tests/cuda_backend_engine.py {triton|plain} MODEL_DIR OUT_JSON
+    python tests/cuda_backend_engine.py {triton|triton_auto|plain} MODEL_DIR OUT_JSON
 
 `plain`: vLLM's stock CPU engine (CPU_ATTN), plain greedy decoding, no PTD.
 `triton`: PTD (`draft_shape` "tree") on `TritonTreeAttentionBackend`, its metadata builder,
 packed tree masks and the Triton KV compaction, PTD's Triton kernels in Triton's interpreter.
+`triton_auto`: the same with `draft_shape` "auto" exploring the other shape after every step
+without it, so steps carry one request's tree beside other requests' chains.
 
 THE TEST-ONLY SUBSTITUTIONS (all in `install_substitutions`, nowhere else):
 
@@ -197,8 +199,16 @@ def worker_facts(worker) -> dict:
                 runner.cudagraph_dispatcher.uniform_decode_query_len}
 
 
+def explore_every_other_step(worker) -> bool:
+    """Inside the worker: the shape auto does not prefer runs on one request after every
+    step without it, whatever the (interpreted, slow) step timings say."""
+    policy = worker.model_runner.drafter.policy
+    policy.shape_explore_after = 1
+    return policy.auto
+
+
 def run(mode: str, model: str) -> dict:
-    if mode == "triton":
+    if mode.startswith("triton"):
         from vllm_ptd.kernels._runtime import interpreter_active
 
         assert interpreter_active(), "Triton was imported before TRITON_INTERPRET=1"
@@ -208,7 +218,8 @@ def run(mode: str, model: str) -> dict:
     from vllm_ptd.engine_utils import make_llm
     from vllm_ptd.vllm_integration.introspection import ptd_snapshot
 
-    ptd = {"adaptive_budget": False, "draft_shape": "tree"} if mode == "triton" else None
+    ptd = {"triton": {"adaptive_budget": False, "draft_shape": "tree"},
+           "triton_auto": {"draft_shape": "auto"}}.get(mode)
     # Blocks of 16 tokens (vLLM's CUDA default) under PTD, so trees and KV moves cross block
     # edges; vLLM's CPU backend takes multiples of 32 only.
     # Processed logprobs: a request asking for logprobs gets no drafts (eligibility.py), the
@@ -217,6 +228,8 @@ def run(mode: str, model: str) -> dict:
     llm = make_llm(model=model, ptd=ptd, max_model_len=1024, max_num_seqs=4,
                    block_size=16 if ptd else 32, logprobs_mode="processed_logprobs")
     engine = llm.llm_engine
+    if mode == "triton_auto":
+        assert llm.collective_rpc(explore_every_other_step) == [True]
     STEPS["recording"] = True
     prompts = chat_prompts(model)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)

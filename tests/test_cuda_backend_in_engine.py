@@ -34,7 +34,7 @@ into other tests. The model is the embedded model, all 30 layers: a model cut to
 repeats a few tokens, a weak check of masks and KV. With these prompts, skipping the KV
 compaction or attending tree rows causally instead of through their masks changes one of the
 three outputs (checked by hand). 24 new tokens per request keep the interpreted kernels near
-2.5 minutes on two idle cores.
+2.5 minutes an engine on two idle cores. A third engine runs `draft_shape` "auto" the same way.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("cuda_backend_engine")
     model = default_model_path()   # all 30 layers: real text, so wrong masks or KV show
-    return {mode: run_engine(mode, model, tmp) for mode in ("plain", "triton")}
+    return {mode: run_engine(mode, model, tmp) for mode in ("plain", "triton", "triton_auto")}
 
 
 def test_ptd_on_the_triton_backend_equals_plain_greedy_decoding(runs):
@@ -130,3 +130,16 @@ def test_requests_joined_mid_flight_and_shared_tree_steps(runs):
     # Some tree-kernel launches held rows of requests without a tree (a joining request's
     # prefill, or a request decoding plainly) beside the trees, attended causally there.
     assert calls["tree_kernel_mixed"] > 0
+
+
+def test_auto_mixes_one_requests_tree_with_other_requests_chains_exactly(runs):
+    # draft_shape "auto" explores the shape it does not prefer on one drafting request of a
+    # step (here after every step without it), so a step's tree-kernel launch can hold that
+    # request's tree beside other requests' chains, attended causally: the output must
+    # still be plain decoding's.
+    plain, auto = runs["plain"], runs["triton_auto"]
+    assert auto["outputs"] == plain["outputs"]
+    snap = auto["snapshot"]
+    assert snap["tree_steps"] > 0 and snap["chain_steps"] > 0 and snap["masked_blocks"] > 0
+    assert auto["calls"]["tree_kernel_mixed"] > 0
+    assert snap["fallbacks"] == 0
