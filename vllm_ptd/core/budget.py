@@ -52,9 +52,9 @@ too, so declined classes keep being revised. Unsure chains (a pool guess, a sing
 earlier occurrence after a 2-gram) are cut short or skipped where a suffix-tree drafter
 would also stop, sure ones (several occurrences agree) run long.
 
-One policy for the draft's shape (config draft_shape "auto"): per step, for the whole batch,
-chains or trees, and then their budget as above (but for one explored request, below). `StepCostModel`'s tree terms price a tree
-request apart from a chain request (what tree attention adds, per request and per row); the trees' value
+One policy for the draft's shape (config draft_shape "auto"): per step, for the whole batch
+but one explored request (below), chains or trees, and then their budget as above.
+`StepCostModel`'s tree terms price a tree request apart from a chain request (what tree attention adds, per request and per row); the trees' value
 is G * s(n), learned from tree steps only, the chains' the accepted tokens per drafting
 request at their current prices (ChainUsage), learned from chain steps only. Trees run when
 their best size beats the chains' expected tokens per second and no drafts by the margin;
@@ -63,10 +63,9 @@ where rows are cheap and trees accept more (a GPU at small batch) and chains whe
 step costs ~1.8x a chain step (the AMX CPU), without a platform switch. Each shape is learned
 only from its own request-steps, so the one not chosen runs on one drafting request of a step
 (`explore`) after `shape_explore_after` (32) steps without it, 4x later when the other wins by
-25%. One request, not the batch: it measures the shape as well, costs less, and in bf16 a
-tree re-rounds the rows it carries (PTD's attention, not vLLM's), which makes a repeated
-answer drift from its cached first answer. T grows only on tree steps
-(core/request_state.py).
+25%. One request, not the batch: it measures the shape as well, one request pays for it,
+and the other requests' rows keep vLLM's kernel (in bf16 a tree's rows, attending through
+PTD's, round differently). T grows only on tree steps (core/request_state.py).
 
 Engine independent: the vLLM proposer feeds it step timings, token counts and acceptances.
 """
@@ -281,10 +280,9 @@ class BudgetPolicy:
     _steps_without: dict[str, int] = field(default_factory=lambda: {TREE: 0, CHAIN: 0})
     # Auto: the shape not preferred, and its rows, for one drafting request of this step
     # (None: every request drafts `step_shape`). The proposer hands it to the first request
-    # that drafts and clears it. One request is enough to measure the shape, and a tree
-    # request re-rounds only its own rows: batch-wide, a tree step would send every drafting
-    # request's x row through PTD's attention instead of vLLM's, which in bf16 rounds
-    # differently and makes repeated answers drift from their cached first answers.
+    # that drafts and clears it. One request is enough to measure the shape, and only its
+    # rows pay for it: batch-wide, a tree step sent every drafting request's rows through
+    # PTD's attention instead of vLLM's kernel (in bf16 they round differently).
     explore: tuple[str, int] | None = None
 
     sizes: np.ndarray = field(init=False)   # budget_sizes(max_nodes), fixed per policy
