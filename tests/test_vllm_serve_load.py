@@ -26,7 +26,7 @@ from serve_helpers import SERVED_NAME, Server, Spec, compare, drive, vllm_server
 
 pytestmark = pytest.mark.engine
 
-N_REQUESTS = 112
+N_REQUESTS = 80
 CLIENTS = 16
 MAX_MODEL_LEN = 2048
 # A smaller node budget than the CPU default (24/16): every PTD path (C and T rows, tree

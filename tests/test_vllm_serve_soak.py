@@ -38,7 +38,7 @@ from serve_helpers import SERVED_NAME, Result, Server, Spec, compare, drive, vll
 
 pytestmark = pytest.mark.engine
 
-N_REQUESTS = 128
+N_REQUESTS = 96
 CLIENTS = 16
 MAX_MODEL_LEN = 1024
 FAULT_PERIOD_S = 0.8
