@@ -116,7 +116,7 @@ def test_ptd_greedy_equals_plain_16_at_once_and_commits_more_than_one_token_per_
     assert after["masked_blocks"] > before["masked_blocks"]   # trees took the masked path
     de = (after["tokens"] - before["tokens"]) / (after["steps"] - before["steps"])
     record_property("DE_batch16", de)
-    print(f"\nPTD in vLLM, {4 * PROMPTS_PER_SET} prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
+    print(f"\nPTD in vLLM, {len(DATASETS) * PROMPTS_PER_SET} prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
     assert de > 1.3
 
 
@@ -151,7 +151,7 @@ def test_chains_greedy_equal_plain_16_at_once_and_attend_without_tree_masks(
         assert _mismatches(got, plain_outputs["batch16"]) == []
         de = snap["tokens"] / snap["steps"]
         record_property("DE_chains_batch16", de)
-        print(f"\nPTD chains, {4 * PROMPTS_PER_SET} prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
+        print(f"\nPTD chains, {len(DATASETS) * PROMPTS_PER_SET} prompts x {NEW_TOKENS} tokens, 16 at once: DE {de:.2f}")
         assert de > 1.3
         assert snap["T_nodes_per_step"] == 0.0     # no draft-tree rows were carried
         assert snap["masked_blocks"] == 0          # no step needed tree attention
