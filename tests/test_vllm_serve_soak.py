@@ -160,7 +160,7 @@ def test_soak_with_faults_at_random_stages(record_property):
         assert [s.index for s in specs if want[s.index].error or _unfinished(want[s.index])] == []
         reference = server.settled_snapshot()
         assert reference["fallbacks"] == 0 and reference["live_states"] == 0
-        assert reference["drafted_steps"] > 0 and reference["kv_moves"] > 0
+        assert reference["drafted_steps"] > 0
         rss = [server.rss_mib()]
         print(f"\n{len(specs)} requests, {sum(s.stream for s in specs)} streamed, "
               f"{sum(1 for s in specs if s.abort_after)} closed early; reference round "
@@ -192,6 +192,14 @@ def test_soak_with_faults_at_random_stages(record_property):
                                   any_error=True))
         assert _problems(specs[:CLIENTS], again, want) == []
         assert server.healthy()
+        # Not asserted: KV moves. Accepted paths off the DFS prefix are rare with answers of
+        # 4-16 tokens (0 in one 96-request reference round of 734 drafted steps; 1 in 2585
+        # drafted steps over four 128-request rounds). Moves and compaction faults are
+        # asserted where answers are longer: test_vllm_engine_ptd.py, test_fallbacks.py,
+        # test_cuda_backend_in_engine.py.
+        totals = server.settled_snapshot()
+        print(f"over all rounds: {totals['drafted_steps']} drafted steps, "
+              f"{totals['kv_moves']} KV moves")
     growth = (rss[-1] - rss[-3]) / 2
     record_property("rss_growth_mib", round(growth, 1))
     print(f"RSS growth a round over the last two faulted rounds: {growth:+.1f} MiB "
