@@ -63,6 +63,21 @@ def test_cost_model_flags_idle_gaps() -> None:
     assert not model.is_outlier(5, 0.06)
 
 
+def test_cost_model_keeps_long_steps_where_every_row_is_dear() -> None:
+    """bf16 on a CPU without bf16 GEMMs (measured, AVX2 EPYC): a one-token step 100 ms, each
+    further row ~30 ms. A 16-row chain's step is 5.5x the fastest step and still a sample;
+    a one-token step of 1.3 s is not."""
+    model = StepCostModel()
+    model.observe(1, 0.100)
+    assert not model.is_outlier(9, 0.336)
+    assert not model.is_outlier(16, 0.550)
+    assert model.is_outlier(1, 1.3)
+    for tokens in (1, 5, 9, 1, 7, 16, 1, 3):
+        model.observe(tokens, 0.070 + 0.030 * tokens)
+    assert not model.is_outlier(16, 0.550)
+    assert model.is_outlier(16, 5.0)
+
+
 def test_gain_model_learns_the_full_budget_gain_from_grid_sized_trees_only() -> None:
     model = GainModel(max_nodes=24)
     assert model.shape(0) == 0.0 and model.shape(24) == pytest.approx(1.0)

@@ -53,6 +53,7 @@ class StepCostModel:
     samples: int = 0
     tree_samples: int = 0            # samples with at least one tree
     fastest: float = float("inf")
+    fastest_tokens: int = 1          # the tokens of that fastest step
     _xtx: np.ndarray = field(default_factory=lambda: np.zeros((5, 5)))
     _xty: np.ndarray = field(default_factory=lambda: np.zeros(5))
     # (a, c, d, b, e), in the features' order, since the last sample
@@ -62,7 +63,8 @@ class StepCostModel:
                 tree_rows: int = 0) -> None:
         """A step of `tokens` scheduled tokens; `drafting` of its requests had draft rows,
         `trees` of those a tree with `tree_rows` rows in all (besides their x)."""
-        self.fastest = min(self.fastest, seconds)
+        if seconds < self.fastest:
+            self.fastest, self.fastest_tokens = seconds, max(1, tokens)
         x = np.array([1.0, float(drafting), float(trees), float(tokens), float(tree_rows)])
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
@@ -89,9 +91,14 @@ class StepCostModel:
         return a + c * drafting + b * tokens + d * trees + e * tree_rows
 
     def is_outlier(self, tokens: int, seconds: float) -> bool:
-        """An interval far beyond any step: the engine sat idle between two steps. Such a
-        sample among the first few can set the slope 50x too high and stop drafting."""
-        if seconds > 4.0 * self.fastest + 0.05:
+        """An interval far beyond any step of its size (an idle gap the proposer did not
+        see, a stall). Such a sample among the first few can set the slope 50x too high and
+        stop drafting. The bound grows with the step's tokens: where every row costs a
+        sizeable part of a step (bf16 on a CPU without bf16 GEMMs: ~30% a row), a step with
+        a long chain takes 4-6x the fastest one-token step and is a sample like any other,
+        not an outlier; dropping those left the model blind to what long chains cost."""
+        size = max(1.0, tokens / self.fastest_tokens)
+        if seconds > 4.0 * self.fastest * size + 0.05:
             return True
         return self.samples >= 5 and seconds > 4.0 * self.predict(tokens) + 0.05
 

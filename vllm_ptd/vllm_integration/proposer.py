@@ -65,6 +65,7 @@ class StepMark:
     start: float
     tokens: int          # scheduled tokens; -1 when prompt tokens were among them
     drafting: int        # requests with draft rows
+    requests: frozenset = frozenset()   # the ids of the requests it scheduled
     trees: int = 0       # of those, requests whose rows needed tree attention
     tree_rows: int = 0   # their rows besides x
 
@@ -210,15 +211,20 @@ class PTDProposer:
         for req_id, failure in verdicts.failed.items():
             self.fall_back(req_id, failure.stage, failure.error)
 
-    def step_started(self, num_tokens: int, has_prefill: bool, drafting: int) -> None:
-        """Called as each forward step is prepared (`drafting`: requests with draft rows):
-        the interval since the previous step's start is that step's period, a sample of the
-        cost model unless that step carried prompt tokens (cheaper per token than draft
-        rows; see core/budget.py)."""
+    def step_started(self, num_tokens: int, has_prefill: bool, drafting: int,
+                     requests: frozenset = frozenset()) -> None:
+        """Called as each forward step is prepared (`drafting`: requests with draft rows;
+        `requests`: the ids scheduled): the interval since the previous step's start is that
+        step's period, a sample of the cost model unless that step carried prompt tokens
+        (cheaper per token than draft rows; see core/budget.py) or the engine may have sat
+        idle in between. The engine steps without pause while any request runs, so it can
+        only have idled when the two steps share no request."""
         now = time.perf_counter()
         mark, self._step_mark = self._step_mark, StepMark(
-            now, -1 if has_prefill else num_tokens, drafting)
+            now, -1 if has_prefill else num_tokens, drafting, requests)
         if self.policy is None or mark is None or mark.tokens < 0:
+            return
+        if requests and mark.requests and requests.isdisjoint(mark.requests):
             return
         self.policy.time_step(mark.tokens, now - mark.start, mark.drafting, mark.trees,
                               mark.tree_rows)

@@ -96,7 +96,8 @@ def _time_step(drafter, scheduler_output) -> None:
     decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
     try:
         drafter.step_started(total, has_prefill=total > decode,
-                             drafting=sum(1 for drafts in spec.values() if drafts))
+                             drafting=sum(1 for drafts in spec.values() if drafts),
+                             requests=frozenset(scheduler_output.num_scheduled_tokens))
     except Exception:  # a lost step-time sample is not worth the engine
         logger.exception("PTD step timing failed")
 
