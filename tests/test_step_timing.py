@@ -48,3 +48,19 @@ def test_steps_with_prompt_tokens_are_not_samples():
     PTDProposer.step_started(p, 1, has_prefill=False, drafting=0, requests=frozenset({"a"}))
     PTDProposer.step_started(p, 1, has_prefill=False, drafting=0, requests=frozenset({"a"}))
     assert p.policy.samples == [(1, 0)]
+
+
+def test_the_runner_times_steps_only_for_a_budget_policy():
+    """With the budget off nothing reads step times, so the runner's hook does no work; with
+    it on the hook passes the step's decode tokens and drafting requests."""
+    from vllm_ptd.vllm_integration.runner_patches import _time_step
+
+    calls = []
+    step = SimpleNamespace(total_num_scheduled_tokens=5, num_scheduled_tokens={"a": 4, "b": 1},
+                           scheduled_spec_decode_tokens={"a": [7, 8, 9]})
+    record = lambda *args, **kwargs: calls.append((args, kwargs))
+    _time_step(SimpleNamespace(policy=None, step_started=record), step)
+    assert calls == []
+    _time_step(SimpleNamespace(policy=RecordingPolicy(), step_started=record), step)
+    assert calls == [((5,), {"has_prefill": False, "drafting": 1,
+                             "requests": frozenset({"a", "b"})})]

@@ -90,7 +90,10 @@ def make_prepare_inputs(original):
 
 def _time_step(drafter, scheduler_output) -> None:
     """Tell the proposer's cost model a step starts. Decode rows are one token per request
-    plus its drafts; anything more is prompt (prefill or a chunk of it)."""
+    plus its drafts; anything more is prompt (prefill or a chunk of it). Without a budget
+    policy nothing reads the timing, and no step pays for it."""
+    if drafter.policy is None:
+        return
     total = scheduler_output.total_num_scheduled_tokens
     spec = scheduler_output.scheduled_spec_decode_tokens
     decode = len(scheduler_output.num_scheduled_tokens) + sum(map(len, spec.values()))
