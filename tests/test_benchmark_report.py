@@ -105,12 +105,15 @@ def test_ptd_metrics_are_taken_over_the_difference_of_two_snapshots():
         return {"steps": steps, "tokens": tokens, "hits": hits, "accepted": accepted,
                 "C_nodes": c, "T_nodes": t, "host_ms": ms, "fallbacks": 0, "by_depth": depth}
 
+    budget = {"cost_model_ms": {"a": 20.0, "b_per_token": 0.5, "c_per_drafting_request": 1.0}}
     m = counters.ptd_metrics(snap(10, 15, 4, 5, 30, 200, 3.0, [4, 1]),
-                             snap(30, 65, 14, 35, 90, 600, 9.0, [14, 9, 1]))
+                             {**snap(30, 65, 14, 35, 90, 600, 9.0, [14, 9, 1]),
+                              "budget": budget})
     assert m["DE"] == 50 / 20 and m["HR"] == 10 / 20 and m["AL"] == 1 + 30 / 10
     assert m["C_nodes_per_step"] == 3.0 and m["T_nodes_per_step"] == 20.0
     assert m["host_ms_per_step"] == pytest.approx(0.3)
     assert m["accepted_by_depth"] == [10, 8, 1]
+    assert m["budget_at_end"] == budget   # the policy's state when the run ended, not a difference
 
 
 def test_vllm_metrics_count_decode_steps_without_prefill():

@@ -34,7 +34,15 @@ def read_ptd(llm) -> dict:
         "host_ms": snap["host_ms_per_step"] * steps,
         "fallbacks": snap.get("fallbacks", 0),
         "by_depth": list(snap.get("accepted_by_depth", [])),
+        # what the budget policy had learned when read (absent with the budget off)
+        "budget": {k: snap[k] for k in BUDGET_STATE if k in snap},
     }
+
+
+# The budget policy's state in PTD's snapshot (PTDProposer._policy_snapshot): its fitted step
+# costs and chain prices, which tell why a run drafted as much or as little as it did.
+BUDGET_STATE = ("cost_model_ms", "cost_samples", "chain_prices", "accepted_per_chain",
+                "step_shape")
 
 
 def _own_spec_counters(llm) -> dict | None:
@@ -92,7 +100,7 @@ def _trim(depths: list) -> list:
 
 def ptd_metrics(before: dict, after: dict) -> dict:
     """The paper's metrics over the steps between two `read_ptd` results."""
-    d = {k: after[k] - before[k] for k in after if k != "by_depth"}
+    d = {k: after[k] - before[k] for k in after if k not in ("by_depth", "budget")}
     steps, hits = d["steps"], d["hits"]
     return {
         "DE": d["tokens"] / steps if steps else None,
@@ -103,6 +111,7 @@ def ptd_metrics(before: dict, after: dict) -> dict:
         "host_ms_per_step": d["host_ms"] / steps if steps else None,
         "steps": steps, "fallbacks": d["fallbacks"],
         "accepted_by_depth": _trim(_add(after["by_depth"], before["by_depth"], -1)),
+        "budget_at_end": after.get("budget", {}),
     }
 
 
