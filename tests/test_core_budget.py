@@ -289,6 +289,21 @@ def test_chain_policy_runs_one_chain_whole_after_a_long_spell_without_any() -> N
                for _ in range(explore))
 
 
+def test_an_exploring_chain_costs_at_most_one_plain_step_where_rows_are_dear() -> None:
+    """bf16 through PyTorch's fallback GEMM (an AVX2 CPU): a row costs ~30% of a step, so the
+    chain run after a long spell without any is cut to the rows one plain step pays for."""
+    policy = _chain_policy(row_ms=3.0, chain_ms=2.0)   # a 1-token step 13 ms, a row 3 ms
+    for _ in range(200):
+        policy.rows_model.record([0] * 8, 0)
+    lengths = []
+    for _ in range(policy.chain_explore_after + 1):
+        policy.choose(1, 1)
+        lengths.append(policy.chain_length([0] * 8))
+    a, b, _ = policy.cost.coefficients()
+    assert lengths[:-1] == [0] * policy.chain_explore_after
+    assert 1 <= lengths[-1] < 8 and lengths[-1] * b <= a + b < (lengths[-1] + 1) * b
+
+
 # -- draft_shape "auto": one policy chooses chains or trees ---------------------------------
 
 def _cpu_step(drafting: int, tokens: int, trees: int, tree_rows: int) -> float:

@@ -263,7 +263,8 @@ class BudgetPolicy:
     clear_margin: float = 1.25
     clear_explore_factor: int = 4
     # Chains: after this many batch steps in a row without any chain, the next chain asked
-    # for runs whole (one request's, one step). Prices that drafting never pays are never
+    # for runs whole (one request's, one step), or as many of its rows as cost one plain
+    # step where rows are dear (`_explore_rows`). Prices that drafting never pays are never
     # revised otherwise (a class no row of which runs keeps its prior; steps without drafts
     # do not inform the cost of drafting), and a noisy spell can leave a busy engine
     # declining even a repeated answer's near-certain rows for good.
@@ -457,8 +458,21 @@ class BudgetPolicy:
     def chain_length(self, classes) -> int:
         if self._explore_chain and len(classes):
             self._explore_chain = False
-            return len(classes)
+            return min(len(classes), self._explore_rows())
         return self.chain_plan(classes)[0]
+
+    def _explore_rows(self) -> int:
+        """Rows of an exploring chain: at most what one plain step costs, (a + b) / b rows.
+        Where rows are cheap (~1-4% of a step) that is every row of any chain; where they
+        are dear (bf16 through PyTorch's fallback GEMM on an AVX2 CPU: ~30% of a step) a
+        whole 15-row chain cost ~4.5 plain steps every 33 steps, and a few rows measure the
+        slope as well."""
+        if self.cost.samples < self.warmup_samples:
+            return self.max_nodes
+        a, b, _ = self.cost.coefficients()
+        if b <= 0:
+            return self.max_nodes
+        return max(1, int((a + b) / b))
 
     def chain_value(self, classes) -> float:
         return self.chain_plan(classes)[1]
