@@ -141,7 +141,7 @@ class _ReplayedRequest:
 
 def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
                headroom: dict | None = None, load: tuple | None = None,
-               concurrency: int | None = None) -> dict:
+               concurrency: int | None = None, online_cost: bool = False) -> dict:
     """Chains (the CPU defaults, then `overrides`) over every output of one set in turn.
 
     concurrency: requests answered at once, in lock-step (each group of that many drafts
@@ -150,6 +150,11 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
 
     load: (requests at once, step-cost line in ms) to price rows as a loaded step does
     (`price_as_loaded`); None prices them by `cost` at batch 1.
+
+    online_cost: at batch 1, also feed the cost model every replayed step's time, as the
+    engine does, so that what it fits follows the rows the policy chose (its ridge prior
+    weighs more where those vary little); otherwise it learns the line once, from steps of
+    0-8 rows, before the replay.
 
     headroom: if given, summed per step (see `HEADROOM`): the rows accepted of the chain
     that ran, of the chosen chain uncut, of each candidate chain uncut (the own context's,
@@ -207,6 +212,8 @@ def replay_ptd(traces: list[dict], overrides: dict, cost: StepCost,
                     r.state.observe_undrafted(r.committed[-1], committed)
                 if policy is not None:
                     policy.record_chain(r.state.chain_classes if rows else (), rows, acc)
+                    if online_cost and at_once == 1:
+                        policy.cost.observe(1 + rows, cost.seconds(rows), drafting=int(rows > 0))
                 r.committed, r.pos = committed, r.pos + len(committed)
                 tokens += len(committed)
                 steps += 1
@@ -292,6 +299,9 @@ def main() -> None:
                         "candidates uncut, and of the better candidate (first --ptd config)")
     parser.add_argument("--step-ms", type=float, nargs=3, default=DEFAULT_STEP_MS,
                         metavar=("PLAIN", "PER_TOKEN", "PER_DRAFTING_REQUEST"))
+    parser.add_argument("--online-cost", action="store_true",
+                        help="PTD's cost model also learns from every replayed step, as in "
+                        "the engine (default: it learns the line once, before the replay)")
     args = parser.parse_args()
 
     if os.path.exists(args.traces):
@@ -309,7 +319,8 @@ def main() -> None:
     print("|---|" + "---|" * len(columns))
     for dataset, set_traces in traces.items():
         results = [replay_suffix(set_traces, cost), replay_suffix(set_traces, cost, False)]
-        results += [replay_ptd(set_traces, overrides, cost) for _, overrides in configs]
+        results += [replay_ptd(set_traces, overrides, cost, online_cost=args.online_cost)
+                    for _, overrides in configs]
         cells = [f"{r['rate'] / plain_rate:.2f}x (DE {r['DE']:.2f}, {r['rows']:.1f} rows)"
                  for r in results]
         print(f"| {dataset} | " + " | ".join(cells) + " |", flush=True)
