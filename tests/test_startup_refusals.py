@@ -101,3 +101,34 @@ def test_an_fp8_kv_cache_is_refused_before_the_engine_starts():
 def test_pipeline_parallelism_is_refused_before_the_engine_starts():
     with pytest.raises(ValueError, match="pipeline parallelism"):
         _engine_config(pipeline_parallel_size=2)
+
+
+def _model_with_gemms(*kinds):
+    """Linear layers as vLLM 0.32's CPU backend dispatches them (`cpu_linear` closures of
+    `dispatch_cpu_unquantized_gemm`): oneDNN, the packed small-GEMM kernel, the fallback."""
+    import torch
+
+    ops = SimpleNamespace(onednn_mm=None, weight_packed_linear_cpu=None)
+    closures = {
+        "onednn": lambda x, weight, bias: ops.onednn_mm(None, x, bias),
+        "packed": lambda x, weight, bias: ops.weight_packed_linear_cpu(x, None, 0, bias),
+        "fallback": lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias),
+    }
+    root = torch.nn.Module()
+    for i, kind in enumerate(kinds):
+        layer = torch.nn.Module()
+        layer.cpu_linear = closures[kind]
+        root.add_module(f"layer{i}", layer)
+    return root
+
+
+def test_a_model_on_the_fallback_gemm_in_bf16_gets_a_warning_that_names_the_cure():
+    import torch
+
+    slow = _model_with_gemms("onednn", "fallback", "fallback", "packed")
+    assert checks.fallback_gemm_layers(slow) == 2
+    warning = checks.slow_gemm_warning(slow, torch.bfloat16)
+    assert "2 linear layers" in warning and "bfloat16" in warning and "--dtype float32" in warning
+    # float32 on the fallback is PyTorch's own fast path; oneDNN in bf16 is what vLLM wants
+    assert checks.slow_gemm_warning(slow, torch.float32) is None
+    assert checks.slow_gemm_warning(_model_with_gemms("onednn", "packed"), torch.bfloat16) is None

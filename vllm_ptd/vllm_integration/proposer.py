@@ -31,6 +31,7 @@ from vllm_ptd.vllm_integration.startup_checks import (
     engine_config_refusals,
     model_attention_layers,
     refuse,
+    slow_gemm_warning,
 )
 from vllm_ptd.vllm_integration.step_transfers import StepTransfers
 from vllm_ptd.vllm_integration.tree_step import TreeStep
@@ -140,8 +141,12 @@ class PTDProposer:
     def load_model(self, target_model) -> None:
         """PTD drafts with the target itself: there is no draft model to load. Called once
         the target is loaded (before its KV cache exists): the moment to refuse attention
-        layers PTD cannot serve exactly."""
+        layers PTD cannot serve exactly, and to say when drafting will barely pay."""
         refuse(attention_layer_refusals(model_attention_layers(self.vllm_config)))
+        model_config = getattr(self.vllm_config, "model_config", None)
+        warning = slow_gemm_warning(target_model, getattr(model_config, "dtype", None))
+        if warning is not None:
+            logger.warning(warning)
 
     # -- lifecycle ---------------------------------------------------------------------
     def forget(self, req_id: str, finished: bool = False) -> None:

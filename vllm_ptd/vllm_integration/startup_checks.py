@@ -111,3 +111,35 @@ def model_attention_layers(vllm_config: Any) -> dict[str, Any]:
     from vllm.model_executor.layers.attention.attention import Attention
 
     return get_layers_from_vllm_config(vllm_config, Attention)
+
+
+# Warnings, not refusals: what PTD serves exactly but slowly.
+
+SLOW_GEMM = ("PTD: {n} linear layers compute through PyTorch's fallback GEMM (vLLM could not "
+             "create its oneDNN kernel for {dtype} on this CPU; seen with bf16 on CPUs without "
+             "AVX-512). There every draft row costs about as much as a step's own token, so "
+             "drafts rarely pay for themselves; serve with --dtype float32")
+
+
+def fallback_gemm_layers(model: Any) -> int:
+    """How many of the model's linear layers vLLM's CPU backend left on PyTorch's fallback
+    GEMM: its `cpu_linear` then calls `torch.nn.functional.linear` (vLLM 0.32's
+    `dispatch_cpu_unquantized_gemm`), where oneDNN's and the packed small-GEMM kernel call
+    `ops`. Rows of a step cost nearly what whole steps do there (~30% of a step each on an
+    AVX2 CPU in bf16, against 1-7% with oneDNN)."""
+    count = 0
+    for module in getattr(model, "modules", lambda: ())():
+        call = getattr(module, "cpu_linear", None)
+        names = getattr(getattr(call, "__code__", None), "co_names", ())
+        if "functional" in names and "linear" in names:
+            count += 1
+    return count
+
+
+def slow_gemm_warning(model: Any, dtype: Any) -> str | None:
+    """The start-up warning for a model on the fallback GEMM in a half-precision dtype, or
+    None. In float32 the fallback is PyTorch's own fast path: nothing to say."""
+    if "float32" in str(dtype):
+        return None
+    n = fallback_gemm_layers(model)
+    return SLOW_GEMM.format(n=n, dtype=str(dtype).replace("torch.", "")) if n else None
