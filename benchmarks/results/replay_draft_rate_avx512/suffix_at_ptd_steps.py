@@ -7,7 +7,7 @@ import numpy as np
 sys.path.insert(0, "benchmarks")
 import replay_drafting as rd
 from vllm_ptd.core import request_state, chain
-from arctic_inference.suffix_decoding import SuffixDecodingCache
+from suffix_beside import ACCEPTED as orig_acc, SuffixBeside
 traces = json.load(open(sys.argv[1])); cost = rd.StepCost(*map(float, sys.argv[2].split(",")))
 orig_cc = chain.candidate_chains
 cur = {}
@@ -22,38 +22,24 @@ orig_len = budget.BudgetPolicy.chain_length
 def length(self, classes):
     n = orig_len(self, classes); cur["kind"] = "none" if cur.get("none") else ("declined" if n == 0 else "ran"); return n
 budget.BudgetPolicy.chain_length = length
-State = request_state.PTDRequestState
-orig_init = State.__init__
-def init(self, cfg, prompt, *a, **k):
-    orig_init(self, cfg, prompt, *a, **k)
-    if cur.get("rid"): cache.stop_request(cur["rid"])
-    cur["n"] = cur.get("n", 0) + 1; cur["rid"] = f"r{cur['n']}"; cur["started"] = False
-    cur["prompt"] = list(prompt)
-rd.PTDRequestState = State
-State.__init__ = init
-orig_acc = rd._accepted
 def acc(chainx, output, p):
     k = orig_acc(chainx, output, p)
-    rid = cur["rid"]
-    if not cur["started"]:
-        cache.start_request(rid, np.array(cur["prompt"], dtype=np.int32))
-        cache.add_active_response(rid, output[:p]); cur["started"] = True
+    d = beside.draft(cur["hist"], output, p)
     s["steps"] += 1
     kind = cur["kind"]
     e = s.setdefault(kind, {"n": 0, "ptd_rows": 0, "ptd_acc": 0, "drafts": 0, "rows": 0, "acc": 0})
     e["n"] += 1; e["ptd_rows"] += len(chainx); e["ptd_acc"] += k
-    d = list(cache.speculate(rid, np.array(cur["hist"][-24:], dtype=np.int32), max_spec_tokens=24,
-                             max_spec_factor=1.0, min_token_prob=0.1).token_ids)
     if d:
         e["drafts"] += 1; e["rows"] += len(d); e["acc"] += orig_acc(d, output, p)
-    cache.add_active_response(rid, output[p:p + k + 1])
+    beside.committed(output, p, k)
     return k
 rd._accepted = acc
 for ds, tr in traces.items():
-    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+    beside = SuffixBeside()
     cur.clear()
     s = {"steps": 0}
     r = rd.replay_ptd(tr, {}, cost, online_cost=True)
+    beside.close()
     parts = []
     for kind in ("none", "declined", "ran"):
         e = s.get(kind, {"n": 0})
