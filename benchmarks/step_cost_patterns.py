@@ -111,6 +111,9 @@ def main() -> None:
     p.add_argument("--split", default="tune")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts in all (default: 3 x --concurrency)")
+    p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None, help="write the fit and every step as JSON")
     args = p.parse_args()
 
@@ -120,11 +123,11 @@ def main() -> None:
     from vllm_ptd.engine_utils import chat_prompts, make_llm
 
     randomise_chains(args.seed)
-    llm = make_llm(ptd={"draft_shape": "chain"}, dtype="bfloat16",
+    llm = make_llm(ptd={"draft_shape": "chain"}, dtype=args.dtype,
                    max_num_seqs=args.concurrency)
     steps: list[dict] = []
     record_steps(steps)
-    prompts = chat_prompts(llm, sample_prompts(args.dataset, 3 * args.concurrency,
+    prompts = chat_prompts(llm, sample_prompts(args.dataset, args.prompts or 3 * args.concurrency,
                                                split=args.split))
     llm.generate(["Say hello."], SamplingParams(max_tokens=8), use_tqdm=False)   # warm-up
     steps.clear()

@@ -31,11 +31,23 @@ def register() -> None:
             problem = f"vllm-ptd could not patch this vLLM: {exc!r}"
     if problem is None:
         _registered = True
+        _trace_stages_if_asked()
         return
     _refusal = problem
     logger.warning("vllm-ptd is disabled: %s. vLLM runs unchanged; engines with "
                    "speculative method 'ptd' are refused.", problem)
     _refuse_ptd_engines(problem)
+
+
+def _trace_stages_if_asked() -> None:
+    """The development tracer (`VLLM_PTD_STAGE_TRACE`; vllm_integration/stage_trace.py): off
+    unless asked for, and never a reason to refuse PTD or break vLLM."""
+    try:
+        from vllm_ptd.vllm_integration.stage_trace import install_from_env
+
+        install_from_env()
+    except Exception:  # a development aid must not break vLLM
+        logger.exception("vllm-ptd: the stage trace could not be installed")
 
 
 def refusal() -> str | None:

@@ -4,7 +4,9 @@ Each entry names the vLLM attribute, why it is patched, and the factory that wra
 whole list is applied once per process, all or nothing, by `vllm_ptd.plugin.register()`, after
 the guard (`vllm_ptd.version_check`) found every patched function as recorded for the installed
 vLLM release (`vllm_ptd.vllm_fingerprints.WRAPPED` lists the same functions). Each wrapper
-returns straight to vLLM's function for engines that do not run PTD.
+returns straight to vLLM's function for engines that do not run PTD. Not listed: the
+development tracer (`stage_trace.py`), which times the runner's stages only when
+`VLLM_PTD_STAGE_TRACE` is set and changes no result.
 """
 
 from __future__ import annotations
