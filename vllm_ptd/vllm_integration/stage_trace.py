@@ -49,6 +49,7 @@ def install(path: str, runner_cls, logits_cls) -> None:
     step's record is written when the next step begins."""
     stage_seconds: dict[str, float] = {}
     step: dict = {}
+    out = open(path, "a", buffering=1)  # noqa: SIM115 (line-buffered, open for the process's life)
 
     def timed(original, stage):
         def wrapper(*args, **kwargs):
@@ -72,8 +73,7 @@ def install(path: str, runner_cls, logits_cls) -> None:
         if step:   # the previous step ends where this one begins
             record = {**step, "period_ms": 1e3 * (now - step.pop("start")),
                       **{k: 1e3 * v for k, v in stage_seconds.items()}}
-            with open(path, "a") as out:
-                out.write(json.dumps(record) + "\n")
+            out.write(json.dumps(record) + "\n")
         stage_seconds.clear()
         spec = scheduler_output.scheduled_spec_decode_tokens
         step.update(start=now, method=_method(self),
