@@ -16,13 +16,13 @@ import torch
 from tree_attention_reference import dense_tree_attention, random_layout
 
 from vllm_ptd.attention.tree_metadata import TreeAttentionMetadata, TreeBlock
+from vllm_ptd.cpu_features import cpu_has_any_flag
 from vllm_ptd.vllm_integration import cpu_kv_mirror
 from vllm_ptd.vllm_integration import cpu_tree_attention as cta
 from vllm_ptd.vllm_integration.cpu_kv_layout import write_kv
 from vllm_ptd.vllm_integration.cpu_kv_mirror import (
     EXTEND_KERNEL_CPU_FLAGS,
     KVMirrorStore,
-    cpu_has_any_flag,
     mirrored_attention,
 )
 

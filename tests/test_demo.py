@@ -1,6 +1,6 @@
 """`vllm-ptd demo`, the Quick start: its table, its exactness line, and vLLM's log lines kept
-out of the user's terminal. The end-to-end run is an engine test (five real engines, tiny
-settings); the helpers are checked without an engine."""
+out of the user's terminal. The end-to-end run is an engine test (real engines, tiny settings,
+in the dtype the demo picks for this CPU); the helpers are checked without an engine."""
 
 from __future__ import annotations
 
@@ -23,6 +23,28 @@ def test_the_mixed_workload_takes_the_sets_in_turn():
     assert work.num_requests == 6
     mt = demo.load_workload("mt_bench", 2).conversations
     assert work.conversations[0] == mt[0] and work.conversations[2] == mt[1]
+
+
+def test_the_exactness_conversations_can_follow_the_speed_ones():
+    speed = demo.mixed_workload(["gsm8k", "mbpp"], 2)
+    exact = demo.mixed_workload(["gsm8k", "mbpp"], 1, "exactness", skip=2)
+    assert exact.dataset == "exactness" and len(exact.conversations) == 2
+    assert exact.conversations[0] == demo.load_workload("gsm8k", 3).conversations[2]
+    assert not set(map(tuple, exact.conversations)) & set(map(tuple, speed.conversations))
+
+
+@pytest.mark.parametrize("flags, want", [
+    ({"avx2", "fma"}, "float32"),                          # AVX2 only: bf16 GEMMs fall back
+    ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16"),
+    ({"avx2", "avx512f"}, "bfloat16"),                     # oneDNN's bf16 runs on AVX-512
+    (set(), "bfloat16"),                                   # nothing known (not x86 Linux)
+])
+def test_auto_dtype_is_float32_only_where_bf16_gemms_fall_back(monkeypatch, flags, want):
+    from vllm_ptd import cpu_features
+
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags))
+    assert demo.speed_dtype("auto") == want
+    assert demo.speed_dtype("float16") == "float16"
 
 
 def test_speed_table_has_a_line_for_suffix_when_it_could_not_run():
@@ -65,7 +87,11 @@ def test_demo_prints_the_speed_table_and_the_exactness_line_and_hides_vllm_logs(
             if line.split()[:1] in (["plain"], ["ngram"], ["suffix"], ["ptd"])]
     assert rows == ["plain", "ngram", "suffix", "ptd"], out
     assert "method        tokens/s  x plain  tokens/step" in out
-    assert "bfloat16, greedy, batch 1" in out and "2 prompts (MT-Bench 1x2 turns)" in out
+    # The default dtype for this CPU; in float32 one set of engines also checks exactness.
+    dtype = demo.speed_dtype("auto")
+    assert f"Speed: {dtype}, greedy, batch 1" in out and "2 prompts (MT-Bench 1x2 turns)" in out
+    started = log.read_text().count("starting the engine")
+    assert started == (3 if dtype == "float32" else 5) + demo.suffix_installed(), started
     assert "identical to plain decoding's on 2/2 prompts" in out
     assert f"{os.cpu_count()} CPU cores" in out and "noisy" in out
     # vLLM's log lines went to the file, not to the terminal

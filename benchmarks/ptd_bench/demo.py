@@ -1,13 +1,16 @@
 """`vllm-ptd demo`, the Quick start: what a user gets from PTD on this machine, measured.
 
-Two runs of the benchmark's interleaved method (`main.run_offline_interleaved`), each with
-every engine warmed up by one untimed prompt, then taking turns prompt by prompt, in vLLM's
-default multiprocess engines:
+The benchmark's interleaved method (`main.run_offline_interleaved`): every engine warmed up
+by one untimed prompt, then taking turns prompt by prompt, in vLLM's default multiprocess
+engines. Two measurements:
 - exactness, float32: plain and PTD on a few prompts; greedy outputs compared token by token
   (float32 is where speculative decoding is exact: in bf16 a many-row step can round a near-tie
   differently from a one-row step, for any drafter);
-- speed, bfloat16 (the dtype users serve): plain, vLLM's `ngram`, vLLM's `suffix` (when
-  arctic-inference is installed) and PTD on a mix of the four packaged prompt sets.
+- speed, in the dtype users should serve on this CPU (`--dtype auto`: bfloat16, or float32 on
+  an x86 CPU without AVX-512, where vLLM's bf16 GEMMs fall back to a slow path): plain, vLLM's
+  `ngram`, vLLM's `suffix` (when arctic-inference is installed) and PTD on a mix of the four
+  packaged prompt sets.
+When the speed table is float32 too, one set of engines serves both (two fewer engine starts).
 vLLM's log lines go to a file (its path is printed) behind a progress bar; `--verbose` shows them.
 """
 
@@ -23,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_ptd.cpu_features import bf16_gemm_falls_back
 from vllm_ptd.datasets import DATASETS
 
 from .methods import build_methods
@@ -48,20 +52,30 @@ def parser() -> argparse.ArgumentParser:
                    "same time)")
     p.add_argument("--exact-prompts", type=int, default=1,
                    help="conversations per set for the float32 exactness check (0: skip it)")
-    p.add_argument("--dtype", default="bfloat16", help="dtype of the speed table")
+    p.add_argument("--dtype", default="auto",
+                   help="dtype of the speed table (default auto: bfloat16, or float32 on an "
+                        "x86 CPU without AVX-512, where vLLM's bf16 GEMMs are slow)")
     p.add_argument("--log-file", default=None,
                    help="where vLLM's log lines go (default: a new file in the temp folder)")
     p.add_argument("--verbose", action="store_true", help="show vLLM's log lines here instead")
     return p
 
 
-def mixed_workload(datasets: list[str], per_set: int) -> Workload:
-    """The first `per_set` conversations of every set, taken in turn (MT-Bench, GSM8K,
-    HumanEval, MBPP, MT-Bench, ...), as one workload: one row per method, and PTD's and
-    suffix's learned state carried across sets as in a server."""
-    sets = [load_workload(d, per_set).conversations for d in datasets]
+def speed_dtype(requested: str) -> str:
+    """`--dtype`, with auto resolved for this CPU (vllm_ptd.cpu_features)."""
+    if requested != "auto":
+        return requested
+    return "float32" if bf16_gemm_falls_back() else "bfloat16"
+
+
+def mixed_workload(datasets: list[str], per_set: int, name: str = "quickstart",
+                   skip: int = 0) -> Workload:
+    """`per_set` conversations of every set (after its first `skip`), taken in turn
+    (MT-Bench, GSM8K, HumanEval, MBPP, MT-Bench, ...), as one workload: one row per method,
+    and PTD's and suffix's learned state carried across sets as in a server."""
+    sets = [load_workload(d, skip + per_set).conversations[skip:] for d in datasets]
     convs = [conv for i in range(per_set) for s in sets if i < len(s) for conv in [s[i]]]
-    return Workload("quickstart", convs)
+    return Workload(name, convs)
 
 
 def suffix_installed() -> bool:
@@ -132,14 +146,23 @@ def run(args, out, err) -> int:
 
     started = time.perf_counter()
     meta = machine_meta()
+    dtype = speed_dtype(args.dtype)
     speed = mixed_workload(args.datasets, args.prompts)
-    exact = mixed_workload(args.datasets, args.exact_prompts) if args.exact_prompts else None
+    # In float32 the speed engines check exactness too (plain and PTD are among them), after
+    # the speed prompts and on other conversations: what PTD and suffix learn from a prompt
+    # must not speed up the timed ones, nor a repeat of a timed prompt stand in for a new one.
+    shared = args.exact_prompts > 0 and dtype == "float32"
+    exact = (mixed_workload(args.datasets, args.exact_prompts, "exactness",
+                            skip=args.prompts if shared else 0)
+             if args.exact_prompts else None)
     has_suffix = suffix_installed()
     names = ["plain", "ngram"] + (["suffix"] if has_suffix else []) + ["ptd"]
     methods = build_methods(names, ["{}"])
     exact_methods = build_methods(["plain", "ptd"], ["{}"])
     steps = len(methods) * (1 + speed.num_requests)
-    if exact is not None:
+    if shared:
+        steps += len(methods) * exact.num_requests
+    elif exact is not None:
         steps += len(exact_methods) * (1 + exact.num_requests)
     # One tick per engine start (the slow part: tens of seconds each) and per prompt answered.
     bar = tqdm(total=steps, file=err, dynamic_ncols=True, desc="starting",
@@ -153,14 +176,23 @@ def run(args, out, err) -> int:
 
     exact_rows = []
     try:
-        if exact is not None:
-            # float32 first: the ngram engine of the speed run loads numba into this process,
-            # after which vLLM 0.32 cannot start another engine (main.run_offline_interleaved).
-            bar.set_description("exactness (float32)", refresh=True)
-            exact_rows = run_offline_interleaved(bench_args(args, "float32"), exact_methods,
-                                                 [exact], tick)
-        bar.set_description(f"speed ({args.dtype})", refresh=True)
-        rows = run_offline_interleaved(bench_args(args, args.dtype), methods, [speed], tick)
+        if shared:
+            bar.set_description("exactness and speed (float32)", refresh=True)
+            rows = run_offline_interleaved(bench_args(args, dtype), methods, [speed, exact],
+                                           tick)
+            exact_rows = [r for r in rows if r["dataset"] == exact.dataset and
+                          r["kind"] in ("plain", "ptd")]
+            rows = [r for r in rows if r["dataset"] == speed.dataset]
+        else:
+            if exact is not None:
+                # float32 first: the ngram engine of the speed run loads numba into this
+                # process, after which vLLM 0.32 cannot start another engine
+                # (main.run_offline_interleaved).
+                bar.set_description("exactness (float32)", refresh=True)
+                exact_rows = run_offline_interleaved(bench_args(args, "float32"),
+                                                     exact_methods, [exact], tick)
+            bar.set_description(f"speed ({dtype})", refresh=True)
+            rows = run_offline_interleaved(bench_args(args, dtype), methods, [speed], tick)
     finally:
         bar.close()
     add_speedups(rows)
@@ -168,7 +200,7 @@ def run(args, out, err) -> int:
     model = args.model or "embedded SmolLM2-135M-Instruct"
     print(f"\n{model} on {meta['machine']}, vLLM {meta['vllm']}, torch {meta['torch']}",
           file=out)
-    print(f"\nSpeed: {args.dtype}, greedy, batch 1 (one request at a time), "
+    print(f"\nSpeed: {dtype}, greedy, batch 1 (one request at a time), "
           f"{_prompt_mix(args.datasets, args.prompts, speed)}, up to {args.max_tokens} new "
           "tokens each.", file=out)
     print("Engines: vLLM's default multiprocess engines, all started and warmed up (one "

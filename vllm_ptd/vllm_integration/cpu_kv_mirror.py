@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_ptd.cpu_features import cpu_has_any_flag
 from vllm_ptd.vllm_integration.cpu_kv_layout import BlockLayout, flat_kv_index
 
 logger = logging.getLogger("vllm.ptd")
@@ -229,16 +230,6 @@ def _has_extend_kernel() -> bool:
         _EXTEND_KERNEL = (schema == EXTEND_KERNEL_SCHEMA
                           and cpu_has_any_flag(*EXTEND_KERNEL_CPU_FLAGS))
     return _EXTEND_KERNEL
-
-
-def cpu_has_any_flag(*flags: str) -> bool:
-    """Whether the CPU reports any of these feature flags (/proc/cpuinfo; False elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            present = set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return False
-    return any(flag in present for flag in flags)
 
 
 EXTEND_KERNEL_SCHEMA = (
