@@ -32,18 +32,6 @@ def _answers(base_url: str) -> dict[str, str]:
             "chat_stream": streamed}
 
 
-def test_served_ptd_text_equals_the_plain_servers():
-    from vllm_ptd.model import default_model_path
-
-    model = default_model_path()
-    with vllm_server(model, {"method": "ptd"}) as server:
-        ptd = _answers(server.base_url)
-    with vllm_server(model, None) as server:
-        plain = _answers(server.base_url)
-    assert ptd == plain
-    assert len(plain["chat"]) > 20 and plain["chat_stream"] == plain["chat"]
-
-
 def test_serve_refuses_a_bad_ptd_key_with_its_name():
     from vllm_ptd.model import default_model_path
 
@@ -55,7 +43,33 @@ def test_serve_refuses_a_bad_ptd_key_with_its_name():
     assert "depht" in out.stderr + out.stdout
 
 
-def test_vllm_bench_serve_runs_against_a_ptd_server(tmp_path):
+@pytest.fixture(scope="module")
+def ptd_server():
+    """One PTD server with the default config for this module's tests (a start is ~30-60 s)."""
+    from vllm_ptd.model import default_model_path
+
+    with vllm_server(default_model_path(), {"method": "ptd"}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain_answers():
+    """The plain server's answers, its server stopped before the PTD server starts."""
+    from vllm_ptd.model import default_model_path
+
+    with vllm_server(default_model_path(), None) as server:
+        return _answers(server.base_url)
+
+
+def test_served_ptd_text_equals_the_plain_servers(plain_answers, ptd_server):
+    plain = plain_answers
+    ptd = _answers(ptd_server.base_url)
+    assert ptd_server.healthy()
+    assert ptd == plain
+    assert len(plain["chat"]) > 20 and plain["chat_stream"] == plain["chat"]
+
+
+def test_vllm_bench_serve_runs_against_a_ptd_server(tmp_path, ptd_server):
     """vLLM's own client, as the README's recipe runs it: a custom dataset of the user's
     prompts (one JSON object with "prompt" a line), against a PTD server."""
     from vllm_ptd.model import default_model_path
@@ -64,17 +78,15 @@ def test_vllm_bench_serve_runs_against_a_ptd_server(tmp_path):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in [
         "What is the capital of India?", "Name three primary colors.",
         "Explain why the sky is blue.", "What is 12 times 7?"]))
-    model = default_model_path()
-    with vllm_server(model, {"method": "ptd"}) as server:
-        port = server.root.rsplit(":", 1)[1]
-        out = subprocess.run(
-            [vllm_cli(), "bench", "serve", "--backend", "openai-chat",
-             "--endpoint", "/v1/chat/completions", "--host", "127.0.0.1", "--port", port,
-             "--model", "smol", "--tokenizer", model, "--dataset-name", "custom",
-             "--dataset-path", str(prompts), "--num-prompts", "4", "--custom-output-len", "24",
-             "--max-concurrency", "2", "--temperature", "0", "--save-result",
-             "--result-dir", str(tmp_path), "--result-filename", "result.json"],
-            capture_output=True, text=True, timeout=600, check=False)
+    port = ptd_server.root.rsplit(":", 1)[1]
+    out = subprocess.run(
+        [vllm_cli(), "bench", "serve", "--backend", "openai-chat",
+         "--endpoint", "/v1/chat/completions", "--host", "127.0.0.1", "--port", port,
+         "--model", "smol", "--tokenizer", default_model_path(), "--dataset-name", "custom",
+         "--dataset-path", str(prompts), "--num-prompts", "4", "--custom-output-len", "24",
+         "--max-concurrency", "2", "--temperature", "0", "--save-result",
+         "--result-dir", str(tmp_path), "--result-filename", "result.json"],
+        capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["completed"] == 4 and result["failed"] == 0
