@@ -5,15 +5,24 @@ from __future__ import annotations
 from functools import lru_cache
 
 
+def _first_cpu_field(name: str) -> str:
+    """The value of `name` for the first CPU in /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(name)), "").partition(":")[2]
+    except OSError:
+        return ""
+
+
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The feature flags of the first CPU listed (empty where /proc/cpuinfo has none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "")
-                             .partition(":")[2].split())
-    except OSError:
-        return frozenset()
+    return frozenset(_first_cpu_field("flags").split())
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name ("" where /proc/cpuinfo has none)."""
+    return _first_cpu_field("model name").strip()
 
 
 def cpu_has_any_flag(*flags: str) -> bool:

@@ -180,8 +180,7 @@ def run(args, out, err) -> int:
             bar.set_description("exactness and speed (float32)", refresh=True)
             rows = run_offline_interleaved(bench_args(args, dtype), methods, [speed, exact],
                                            tick)
-            exact_rows = [r for r in rows if r["dataset"] == exact.dataset and
-                          r["kind"] in ("plain", "ptd")]
+            exact_rows = [r for r in rows if r["dataset"] == exact.dataset]
             rows = [r for r in rows if r["dataset"] == speed.dataset]
         else:
             if exact is not None:

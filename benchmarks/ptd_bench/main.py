@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vllm_ptd.cpu_features import cpu_model_name
+
 from . import offline, plots, report, server
 from .methods import Method, build_methods, parse_ptd_config, sweep_methods
 from .options import apply_smoke, parser
@@ -19,20 +21,11 @@ from .outputs import add_speedups, compare
 from .workloads import REPEATED, load_prompts_file, load_workload
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine_meta() -> dict:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    processor = gpu or cpu_model_name() or platform.processor() or "unknown CPU"
     try:
         import vllm
 
@@ -44,7 +37,7 @@ def machine_meta() -> dict:
                                 text=True, cwd=Path(__file__).parent, check=False).stdout.strip()
     except OSError:
         commit = ""
-    return {"machine": f"{gpu or _cpu_name()}, {os.cpu_count()} CPU cores, {platform.system()}",
+    return {"machine": f"{processor}, {os.cpu_count()} CPU cores, {platform.system()}",
             "device": "cuda" if gpu else "cpu", "torch": torch.__version__, "vllm": vllm_version,
             "python": platform.python_version(), "commit": commit or None,
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
