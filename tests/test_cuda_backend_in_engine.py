@@ -37,8 +37,8 @@ three outputs (checked by hand). 24 new tokens per request keep the interpreted 
 2.5 minutes an engine on two idle cores. A third engine runs `draft_shape` "auto" the same way.
 The interpreted kernels run mostly on one core, so the engines run in two lanes at once, each
 bound to its half of the cores (vLLM's `VLLM_CPU_OMP_THREADS_BIND`): measured on a 2-core Xeon,
-the tree engine took 141 s alone and the plain one 43 s; in two lanes the tree and auto
-engines took 176 s together (auto 114 s of it).
+alone the tree engine took 141 s, the auto engine 114 s and the plain one 43 s; in two lanes
+the tree and auto engines took 176 s together.
 """
 
 from __future__ import annotations
